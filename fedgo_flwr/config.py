@@ -1,0 +1,156 @@
+"""One typed, validated configuration built from Flower's flat run config.
+
+Every key is declared in ``pyproject.toml`` under ``[tool.flwr.app.config]`` with the same
+default as here (a test keeps the two equal). Keys are kebab-case there and snake_case here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Mapping
+
+# Choices that are not registries of their own (those are checked against the registry).
+SERVER_DEVICES = ("auto", "cpu", "cuda")
+
+
+class ConfigError(ValueError):
+    """A run-config key has a value outside what is allowed."""
+
+
+@dataclass(frozen=True)
+class Config:
+    # --- what runs
+    strategy: str = "fedgo"
+    dataset: str = "fmnist"
+    model: str = "cnn"
+    seed: int = 0
+    partition_seed: int = -1  # -1: use `seed`
+    data_dir: str = ""  # "": $FEDGO_DATA_DIR or ~/.cache/fedgo-flwr/data
+    results_dir: str = ""  # "": $FEDGO_RESULTS_DIR or ~/fedgo-flwr-results
+    run_name: str = ""  # "": <strategy>-<dataset>-a<alpha>-s<seed>-<timestamp>
+    # --- data
+    alpha: float = 0.1  # Dirichlet concentration of the client split
+    flip: bool = True  # random horizontal flip of client data and U (paper, App. E.2)
+    distill_size: int = 6000  # samples of U used for distillation; 0 = all of U
+    test_size: int = 0  # samples of the test split used for evaluation; 0 = all
+    # --- main FL (Algorithm 2)
+    num_server_rounds: int = 10
+    fraction_train: float = 0.4  # C
+    local_epochs: int = 2
+    batch_size: int = 64
+    lr: float = 1e-3
+    server_epochs: int = 2  # E_s
+    server_lr: float = 1e-3
+    server_batch_size: int = 64
+    weighting: str = "odds"  # client weighting rule of the ensemble (fedgo)
+    round_timeout: float = 3600.0
+    # --- pre-FL stage (generator G1 and discriminators, Algorithm 3)
+    generator_steps: int = 200  # WGAN-GP generator steps on U; 0 = randomly initialised G
+    critic_steps: int = 5
+    gp_weight: float = 10.0
+    gan_lr: float = 2e-4
+    gan_batch_size: int = 64
+    latent_dim: int = 128
+    generator_width: int = 32  # base channels of G and its critic (64 in WGAN-GP)
+    discriminator_width: int = 32  # base channels of D_k (64 in DCGAN)
+    discriminator_epochs: int = 3
+    discriminator_lr: float = 2e-4
+    # --- where server work runs
+    server_device: str = "auto"
+
+    @classmethod
+    def from_run_config(cls, run_config: Mapping[str, Any]) -> "Config":
+        """Build from Flower's run config (kebab-case keys); unknown keys are an error."""
+        by_key = {f.name.replace("_", "-"): f for f in fields(cls)}
+        unknown = sorted(set(run_config) - set(by_key))
+        if unknown:
+            raise ConfigError(
+                f"unknown run-config key(s) {unknown}; allowed keys: {sorted(by_key)}"
+            )
+        values = {}
+        for key, value in run_config.items():
+            field = by_key[key]
+            values[field.name] = _coerce(key, value, type(getattr(cls, field.name)))
+        cfg = cls(**values)
+        cfg.validate()
+        return cfg
+
+    def to_run_config(self) -> dict[str, Any]:
+        return {f.name.replace("_", "-"): getattr(self, f.name) for f in fields(self)}
+
+    def replace(self, **changes: Any) -> "Config":
+        cfg = dataclasses.replace(self, **changes)
+        cfg.validate()
+        return cfg
+
+    # --- derived values
+    @property
+    def effective_partition_seed(self) -> int:
+        return self.seed if self.partition_seed < 0 else self.partition_seed
+
+    @property
+    def data_path(self) -> Path:
+        default = os.environ.get("FEDGO_DATA_DIR") or "~/.cache/fedgo-flwr/data"
+        return Path(self.data_dir or default).expanduser().resolve()
+
+    @property
+    def results_path(self) -> Path:
+        default = os.environ.get("FEDGO_RESULTS_DIR") or "~/fedgo-flwr-results"
+        return Path(self.results_dir or default).expanduser().resolve()
+
+    def validate(self) -> None:
+        # Registries are imported here so that config stays importable on its own.
+        from fedgo_flwr.data import DATASETS
+        from fedgo_flwr.models import CLASSIFIERS
+        from fedgo_flwr.strategies import STRATEGIES
+        from fedgo_flwr.weighting import WEIGHTINGS
+
+        _choice("strategy", self.strategy, STRATEGIES)
+        _choice("dataset", self.dataset, DATASETS)
+        _choice("model", self.model, CLASSIFIERS)
+        _choice("weighting", self.weighting, WEIGHTINGS)
+        _choice("server-device", self.server_device, SERVER_DEVICES)
+        _check("alpha", self.alpha > 0, "must be > 0")
+        _check("fraction-train", 0 < self.fraction_train <= 1, "must be in (0, 1]")
+        for key in ("num-server-rounds", "batch-size", "server-batch-size",
+                    "gan-batch-size", "latent-dim", "critic-steps", "generator-width",
+                    "discriminator-width"):
+            _check(key, getattr(self, key.replace("-", "_")) >= 1, "must be >= 1")
+        for key in ("local-epochs", "server-epochs", "generator-steps",
+                    "discriminator-epochs", "distill-size", "test-size", "seed"):
+            _check(key, getattr(self, key.replace("-", "_")) >= 0, "must be >= 0")
+        for key in ("lr", "server-lr", "gan-lr", "discriminator-lr", "round-timeout"):
+            _check(key, getattr(self, key.replace("-", "_")) > 0, "must be > 0")
+        _check("gp-weight", self.gp_weight >= 0, "must be >= 0")
+
+
+def _coerce(key: str, value: Any, kind: type) -> Any:
+    """Flower gives TOML values; an int where a float is declared is fine, not the reverse."""
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+    elif kind is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif kind is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif kind is str:
+        if isinstance(value, str):
+            return value
+    raise ConfigError(f"run-config key '{key}' must be a {kind.__name__}, got {value!r}")
+
+
+def _choice(key: str, value: str, allowed: Mapping[str, Any] | tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(
+            f"run-config key '{key}' is {value!r}; allowed values: {', '.join(sorted(allowed))}"
+        )
+
+
+def _check(key: str, ok: bool, why: str) -> None:
+    if not ok:
+        raise ConfigError(f"run-config key '{key}' {why}")

@@ -1,0 +1,112 @@
+"""Datasets, the paper's server/client split, and Dirichlet client partitions.
+
+Images are kept in memory as uint8 tensors [N, C, H, W]; `to_unit_range` maps them to the
+paper's pixel range [-1, 1] batch by batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from fedgo_flwr.data.fmnist import load_fmnist
+from fedgo_flwr.data.split import dirichlet_partitions, server_client_split
+
+
+@dataclass(frozen=True)
+class ImageData:
+    train_x: torch.Tensor  # uint8 [N, C, H, W]
+    train_y: torch.Tensor  # int64 [N]
+    test_x: torch.Tensor
+    test_y: torch.Tensor
+    num_classes: int
+
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        return tuple(self.train_x.shape[1:])  # type: ignore[return-value]
+
+
+# name -> loader(data_dir) -> ImageData
+DATASETS: dict[str, Callable[[Path], ImageData]] = {
+    "fmnist": lambda root: ImageData(*load_fmnist(root), num_classes=10),
+}
+
+
+@lru_cache(maxsize=4)
+def load_dataset(name: str, data_dir: Path) -> ImageData:
+    """Load a registered dataset once per process (Ray actors serve many clients)."""
+    return DATASETS[name](Path(data_dir))
+
+
+@lru_cache(maxsize=8)
+def split_indices(name: str, data_dir: Path, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(client pool, server U) indices into the training split: half of each class each."""
+    return server_client_split(load_dataset(name, data_dir).train_y.numpy(), seed)
+
+
+@lru_cache(maxsize=8)
+def _partitions(name: str, data_dir: Path, split_seed: int, num_partitions: int,
+                alpha: float, partition_seed: int) -> tuple[np.ndarray, ...]:
+    pool, _ = split_indices(name, data_dir, split_seed)
+    labels = load_dataset(name, data_dir).train_y.numpy()[pool]
+    parts = dirichlet_partitions(labels, num_partitions, alpha, partition_seed)
+    return tuple(pool[p] for p in parts)  # back to training-split indices
+
+
+def client_indices(cfg, partition_id: int, num_partitions: int) -> np.ndarray:
+    """Training-split indices of client `partition_id`'s data S_k."""
+    if not 0 <= partition_id < num_partitions:
+        raise ValueError(f"partition-id {partition_id} not in [0, {num_partitions})")
+    return _partitions(cfg.dataset, cfg.data_path, cfg.seed, num_partitions, cfg.alpha,
+                       cfg.effective_partition_seed)[partition_id]
+
+
+def client_data(cfg, partition_id: int, num_partitions: int) -> tuple[torch.Tensor, torch.Tensor]:
+    data = load_dataset(cfg.dataset, cfg.data_path)
+    idx = torch.from_numpy(client_indices(cfg, partition_id, num_partitions))
+    return data.train_x[idx], data.train_y[idx]
+
+
+def distillation_indices(cfg) -> np.ndarray:
+    """The server's unlabeled set U (D1), optionally a seeded subset of `distill-size`."""
+    _, server = split_indices(cfg.dataset, cfg.data_path, cfg.seed)
+    if cfg.distill_size and cfg.distill_size < len(server):
+        rng = np.random.default_rng(cfg.seed)
+        server = np.sort(rng.choice(server, cfg.distill_size, replace=False))
+    return server
+
+
+def server_data(cfg) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(U images, test images, test labels); labels of U are never handed out."""
+    data = load_dataset(cfg.dataset, cfg.data_path)
+    u = data.train_x[torch.from_numpy(distillation_indices(cfg))]
+    test_x, test_y = data.test_x, data.test_y
+    if cfg.test_size and cfg.test_size < len(test_y):
+        keep = torch.from_numpy(np.sort(np.random.default_rng(cfg.seed).choice(
+            len(test_y), cfg.test_size, replace=False)))
+        test_x, test_y = test_x[keep], test_y[keep]
+    return u, test_x, test_y
+
+
+def to_unit_range(x: torch.Tensor) -> torch.Tensor:
+    """uint8 pixels -> float in [-1, 1] (paper, App. E.2)."""
+    return x.float().div_(127.5).sub_(1.0)
+
+
+def random_hflip(x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Flip each image horizontally with probability 1/2."""
+    mask = torch.rand(x.shape[0], generator=generator, device="cpu") < 0.5
+    mask = mask.to(x.device).view(-1, *([1] * (x.dim() - 1)))
+    return torch.where(mask, x.flip(-1), x)
+
+
+def minibatches(n: int, batch_size: int, generator: torch.Generator | None = None,
+                shuffle: bool = True):
+    """Index tensors of consecutive minibatches over n items (last one may be short)."""
+    order = torch.randperm(n, generator=generator) if shuffle else torch.arange(n)
+    return order.split(batch_size)

@@ -1,0 +1,43 @@
+"""Fashion-MNIST through torchvision's FashionMNIST class.
+
+Looked up in `data_dir`; else the Debian package's files (/usr/share/datasets/fashion-mnist,
+`apt-get install dataset-fashion-mnist`) are decompressed into `data_dir` with torchvision's own
+extractor (Debian recompressed the .gz files, so their checksums differ from torchvision's list,
+while the images inside are the same; torchvision's IDX reader checks their headers); else
+torchvision downloads them.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+from torchvision.datasets import FashionMNIST
+from torchvision.datasets.utils import extract_archive
+
+DEBIAN_DIR = Path("/usr/share/datasets/fashion-mnist")
+log = logging.getLogger(__name__)
+
+
+def load_fmnist(root: Path) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    root = Path(root)
+    raw = root / "FashionMNIST" / "raw"
+    probe = FashionMNIST.__new__(FashionMNIST)
+    probe.root = str(root)
+    if not probe._check_exists():
+        if all((DEBIAN_DIR / name).is_file() for name, _ in FashionMNIST.resources):
+            raw.mkdir(parents=True, exist_ok=True)
+            for name, _ in FashionMNIST.resources:
+                extract_archive(str(DEBIAN_DIR / name), str(raw))
+            log.info("Fashion-MNIST: using the Debian files from %s", DEBIAN_DIR)
+        else:
+            log.info("Fashion-MNIST: not in %s nor %s; downloading", root, DEBIAN_DIR)
+    # download=True returns at once when the extracted files are already there.
+    train = FashionMNIST(str(root), train=True, download=True)
+    test = FashionMNIST(str(root), train=False, download=True)
+    if len(train.targets) != 60000 or len(test.targets) != 10000:
+        raise RuntimeError(f"Fashion-MNIST in {raw} is incomplete: "
+                           f"{len(train.targets)} train / {len(test.targets)} test images")
+    return (train.data.unsqueeze(1), train.targets.long(),
+            test.data.unsqueeze(1), test.targets.long())

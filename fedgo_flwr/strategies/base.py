@@ -1,0 +1,170 @@
+"""FedAvg as every strategy here starts: reproducible sampling over partition ids, replies
+checked one by one, n_k-weighted averaging, central evaluation, and a run record.
+
+Subclasses add a server update after the averaging (`server_update`) and a pre-FL stage
+(`prepare`), and keep the rest.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from logging import INFO, WARNING
+from typing import Iterable
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg
+from torch import nn
+
+from fedgo_flwr.config import Config
+from fedgo_flwr.models import create_classifier
+from fedgo_flwr.results import RunRecord, round_line
+from fedgo_flwr.strategies.clients import (ClientDirectory, config_record, discover_clients,
+                                           reply_problem, sample_partitions)
+from fedgo_flwr.train import evaluate
+
+
+@dataclass
+class ServerSetup:
+    """What the server holds: its unlabeled set U, the test split, and where it computes."""
+    cfg: Config
+    u: torch.Tensor  # uint8 [N, C, H, W], no labels
+    test_x: torch.Tensor
+    test_y: torch.Tensor
+    num_classes: int
+    device: torch.device
+
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        return tuple(self.u.shape[1:])  # type: ignore[return-value]
+
+    def new_classifier(self) -> nn.Module:
+        c, h, _ = self.image_shape
+        return create_classifier(self.cfg.model, c, self.num_classes, h)
+
+
+@dataclass
+class ClientModel:
+    """theta_k^t of one client in this round."""
+    partition_id: int
+    num_examples: int
+    state: dict[str, torch.Tensor]
+    metrics: dict
+
+
+def weighted_average(models: list[ClientModel], template: dict[str, torch.Tensor]) -> dict:
+    """theta_s^t = sum_k n_k / sum_i n_i * theta_k^t, in float64, cast back to each tensor's
+    dtype (integer buffers such as BatchNorm's num_batches_tracked stay integers)."""
+    total = sum(m.num_examples for m in models)
+    out = {}
+    for name, ref in template.items():
+        acc = sum(m.state[name].double() * (m.num_examples / total) for m in models)
+        out[name] = (acc.round() if not ref.is_floating_point() else acc).to(ref.dtype)
+    return out
+
+
+class FedAvgStrategy(FedAvg):
+    """FedAvg (McMahan et al.), the baseline every other strategy extends."""
+
+    has_ensemble = False
+
+    def __init__(self, setup: ServerSetup, record: RunRecord):
+        cfg = setup.cfg
+        super().__init__(fraction_train=cfg.fraction_train, fraction_evaluate=0.0,
+                         min_train_nodes=1, min_available_nodes=1)
+        self.setup, self.cfg, self.record = setup, cfg, record
+        self.clients: ClientDirectory | None = None
+        self._sent_at = 0.0
+        self._sampled: dict[int, int] = {}  # node id -> partition id of this round
+
+    # --- pre-FL
+    def prepare(self, grid: Grid) -> None:
+        """Learn the clients (partition id, node id, n_k) before the first round."""
+        self.clients = discover_clients(grid, timeout=self.cfg.round_timeout)
+        self.record.data["clients"] = {
+            "num_partitions": self.clients.num_partitions,
+            "num_examples": {str(p): c.num_examples for p, c in self.clients.by_partition.items()},
+        }
+
+    # --- main FL
+    def train_config(self, server_round: int) -> ConfigRecord:
+        cfg = self.cfg
+        return config_record(server_round=server_round, local_epochs=cfg.local_epochs,
+                             batch_size=cfg.batch_size, lr=cfg.lr, flip=cfg.flip,
+                             seed=cfg.seed * 1_000 + server_round)
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        pids = sample_partitions(self.clients.partition_ids, self.cfg.fraction_train,
+                                 self.cfg.seed, server_round)
+        self._sampled = {self.clients.by_partition[p].node_id: p for p in pids}
+        self.record.round(server_round)["clients"] = pids
+        content = RecordDict({"arrays": arrays, "config": self.train_config(server_round)})
+        self.record.sent("main_fl", "down", arrays.count_bytes() * len(pids), server_round)
+        log(INFO, "round %d: training on partitions %s", server_round, pids)
+        self._sent_at = time.perf_counter()
+        return [Message(content, dst_node_id=n, message_type="train") for n in self._sampled]
+
+    def collect(self, replies: Iterable[Message], array_key: str,
+                template: dict[str, torch.Tensor], expected: dict[int, int]) -> list[ClientModel]:
+        """The usable replies as ClientModels; each rejected one is logged with its reason."""
+        models, seen = [], set()
+        for reply in replies:
+            node = reply.metadata.src_node_id
+            pid = expected.get(node)
+            why = ("not asked this round" if pid is None else "duplicate reply" if pid in seen
+                   else reply_problem(reply, array_key, template))
+            if why:
+                log(WARNING, "rejected reply from node %d (partition %s): %s", node, pid, why)
+                continue
+            seen.add(pid)
+            metrics = dict(reply.content.metric_records["metrics"])
+            models.append(ClientModel(pid, int(metrics["num-examples"]),
+                                      reply.content.array_records[array_key].to_torch_state_dict(),
+                                      metrics))
+        missing = sorted(set(expected.values()) - seen)
+        if missing:
+            log(WARNING, "no usable reply from partitions %s", missing)
+        return sorted(models, key=lambda m: m.partition_id)
+
+    def aggregate_train(self, server_round: int,
+                        replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        replies = list(replies)
+        self.record.time("client_training", time.perf_counter() - self._sent_at, server_round)
+        self.record.sent("main_fl", "up", sum(r.content.array_records["arrays"].count_bytes()
+                                              for r in replies if not r.has_error()
+                                              and "arrays" in r.content.array_records), server_round)
+        template = self.setup.new_classifier().state_dict()
+        models = self.collect(replies, "arrays", template, self._sampled)
+        if not models:
+            log(WARNING, "round %d: no usable client model; the server model is unchanged",
+                server_round)
+            return None, None
+        start = time.perf_counter()
+        averaged = weighted_average(models, template)
+        self.record.time("aggregation", time.perf_counter() - start, server_round)
+        state = self.server_update(server_round, averaged, models)
+        loss = (sum(m.num_examples * float(m.metrics.get("train-loss", float("nan"))) for m in models)
+                / sum(m.num_examples for m in models))
+        self.record.round(server_round)["train_loss"] = loss
+        return ArrayRecord(state), MetricRecord({"train-loss": loss})
+
+    def server_update(self, server_round: int, averaged: dict[str, torch.Tensor],
+                      models: list[ClientModel]) -> dict[str, torch.Tensor]:
+        """What the server does after averaging; FedAvg keeps the average."""
+        return averaged
+
+    # --- central evaluation (called by Strategy.start after each round, and for round 0)
+    def evaluate_global(self, server_round: int, arrays: ArrayRecord) -> MetricRecord:
+        start = time.perf_counter()
+        model = self.setup.new_classifier()
+        model.load_state_dict(arrays.to_torch_state_dict())
+        acc, loss = evaluate(model, self.setup.test_x, self.setup.test_y, device=self.setup.device)
+        entry = self.record.round(server_round)
+        entry.update(server_test_acc=acc, server_test_loss=loss)
+        self.record.time("evaluation", time.perf_counter() - start, server_round or None)
+        log(INFO, "%s", round_line(entry))
+        return MetricRecord({"server-test-acc": acc, "server-test-loss": loss})

@@ -1,0 +1,120 @@
+"""Who the clients are (partition id -> node id, n_k), and what a well-formed reply is.
+
+Flower node ids are random; everything the server decides (sampling, weights, records) is
+keyed by the partition id that each node reports, so one seed reproduces a run.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from logging import INFO, WARNING
+
+QUERY_INFO = "query"
+
+
+@dataclass(frozen=True)
+class Client:
+    partition_id: int
+    node_id: int
+    num_examples: int
+
+
+class ClientDirectory:
+    def __init__(self, clients: list[Client], num_partitions: int):
+        self.by_partition = {c.partition_id: c for c in sorted(clients, key=lambda c: c.partition_id)}
+        self.num_partitions = num_partitions
+
+    def __len__(self) -> int:
+        return len(self.by_partition)
+
+    @property
+    def partition_ids(self) -> list[int]:
+        return list(self.by_partition)
+
+    def partition_of(self, node_id: int) -> int | None:
+        for c in self.by_partition.values():
+            if c.node_id == node_id:
+                return c.partition_id
+        return None
+
+
+def discover_clients(grid: Grid, timeout: float, poll: float = 2.0) -> ClientDirectory:
+    """Ask every connected node for its partition id, partition count and n_k, until all
+    partitions 0..K-1 have answered (deployment nodes may connect late) or `timeout` passes."""
+    deadline = time.monotonic() + timeout
+    clients: dict[int, Client] = {}
+    asked: set[int] = set()
+    num_partitions: int | None = None
+    while True:
+        new = [n for n in grid.get_node_ids() if n not in asked]
+        asked.update(new)
+        msgs = [Message(RecordDict(), dst_node_id=n, message_type=QUERY_INFO) for n in new]
+        for reply in grid.send_and_receive(msgs, timeout=max(deadline - time.monotonic(), 1.0)):
+            node = reply.metadata.src_node_id
+            if reply.has_error():
+                log(WARNING, "node %d did not report its partition: %s", node, reply.error.reason)
+                continue
+            info = reply.content.metric_records.get("info")
+            try:
+                pid, k, n = (int(info[key]) for key in ("partition-id", "num-partitions", "num-examples"))
+            except (TypeError, KeyError, ValueError):
+                log(WARNING, "node %d sent a malformed info reply; ignored", node)
+                continue
+            if num_partitions is None:
+                num_partitions = k
+            if k != num_partitions:
+                raise RuntimeError(f"nodes disagree on num-partitions ({k} vs {num_partitions})")
+            if pid in clients:
+                raise RuntimeError(f"partition-id {pid} is claimed by nodes "
+                                   f"{clients[pid].node_id} and {node}: fix --node-config")
+            clients[pid] = Client(pid, node, n)
+        if num_partitions is not None and len(clients) == num_partitions:
+            break
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"only partitions {sorted(clients)} of {num_partitions} answered "
+                               f"within {timeout:.0f}s")
+        time.sleep(poll)
+    log(INFO, "%d clients: n_k = %s", len(clients), [c.num_examples for c in clients.values()])
+    return ClientDirectory(list(clients.values()), num_partitions)
+
+
+def sample_partitions(partition_ids: list[int], fraction: float, seed: int,
+                      server_round: int) -> list[int]:
+    """A_t: floor(C * K) partitions (at least one), drawn by (seed, round) alone."""
+    m = max(1, math.floor(fraction * len(partition_ids)))
+    rng = torch.Generator().manual_seed(seed * 100_003 + server_round)
+    pick = torch.randperm(len(partition_ids), generator=rng)[:m]
+    return sorted(partition_ids[i] for i in pick.tolist())
+
+
+def reply_problem(reply: Message, array_key: str, template: dict[str, torch.Tensor]) -> str | None:
+    """Why a train reply cannot be used, or None: it must carry `array_key` with exactly the
+    template's tensor names and shapes, all finite, and metrics with num-examples > 0."""
+    if reply.has_error():
+        return f"error reply: {reply.error.reason}"
+    arrays = reply.content.array_records.get(array_key)
+    if not isinstance(arrays, ArrayRecord):
+        return f"no ArrayRecord '{array_key}'"
+    if set(arrays) != set(template):
+        return f"tensor names differ from the model's ({sorted(set(arrays) ^ set(template))[:3]}...)"
+    for name, ref in template.items():
+        if tuple(arrays[name].shape) != tuple(ref.shape):
+            return f"tensor '{name}' has shape {arrays[name].shape}, expected {tuple(ref.shape)}"
+        if ref.is_floating_point() and not torch.isfinite(torch.from_numpy(arrays[name].numpy())).all():
+            return f"tensor '{name}' has non-finite values"
+    metrics = reply.content.metric_records.get("metrics")
+    n = metrics.get("num-examples") if isinstance(metrics, MetricRecord) else None
+    if not isinstance(n, (int, float)) or not n > 0:
+        return f"num-examples missing or not positive ({n!r})"
+    return None
+
+
+def config_record(**values) -> ConfigRecord:
+    return ConfigRecord({k.replace("_", "-"): v for k, v in values.items()})

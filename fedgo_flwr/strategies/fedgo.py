@@ -1,0 +1,170 @@
+"""FedGO (Algorithm 2): a pre-FL stage that gives every client the generator G once and gets
+back its discriminator D_k, then FedAvg rounds each followed by ensemble distillation on U
+with the odds weights w_k(u) = n_k Phi_k(u) / sum_i n_i Phi_i(u)."""
+
+from __future__ import annotations
+
+import time
+from logging import INFO, WARNING
+
+import torch
+from flwr.app import ArrayRecord, Message, RecordDict
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+
+from fedgo_flwr.distill import cosine_lr, distill, ensemble_logits, pseudo_labels
+from fedgo_flwr.gan import log_odds, train_wgan_gp
+from fedgo_flwr.models import Critic, Discriminator, Generator
+from fedgo_flwr.strategies.base import ClientModel, FedAvgStrategy, ServerSetup
+from fedgo_flwr.strategies.clients import ClientDirectory, config_record
+from fedgo_flwr.train import accuracy_and_loss, predict_logits
+from fedgo_flwr.results import RunRecord
+from fedgo_flwr.weighting import WEIGHTINGS
+
+TRAIN_DISCRIMINATOR = "train.discriminator"
+
+
+def new_generator(cfg, image_shape) -> Generator:
+    c, h, _ = image_shape
+    return Generator(cfg.latent_dim, c, h, cfg.generator_width)
+
+
+def new_discriminator(cfg, image_shape) -> Discriminator:
+    c, h, _ = image_shape
+    return Discriminator(c, h, cfg.discriminator_width)
+
+
+class FedGO(FedAvgStrategy):
+    has_ensemble = True
+
+    def __init__(self, setup: ServerSetup, record: RunRecord):
+        super().__init__(setup, record)
+        self.weighting = WEIGHTINGS[self.cfg.weighting]
+        self.views = 2 if self.cfg.flip else 1  # U as is, and mirrored
+        self.row: dict[int, int] = {}  # partition id -> row of the cached odds
+        self.u_log_odds = torch.empty(0)  # [K, V, |U|]
+        self.test_log_odds = torch.empty(0)  # [K, |test|]
+
+    # ------------------------------------------------------------------ pre-FL stage
+    def prepare(self, grid: Grid) -> None:
+        super().prepare(grid)
+        generator = self.obtain_generator()
+        discriminators = self.collect_discriminators(grid, generator)
+        self.cache_odds(discriminators)
+
+    def obtain_generator(self) -> Generator:
+        """(G1): WGAN-GP on the server's unlabeled data; 0 steps = randomly initialised G."""
+        cfg = self.cfg
+        torch.manual_seed(cfg.seed)
+        generator = new_generator(cfg, self.setup.image_shape)
+        c, h, _ = self.setup.image_shape
+        every = max(1, cfg.generator_steps // 10)
+
+        def progress(step: int, w_dist: float, g_loss: float) -> None:
+            if step % every == 0 or step == cfg.generator_steps:
+                log(INFO, "pre-FL: generator step %d/%d | Wasserstein estimate %.3f",
+                    step, cfg.generator_steps, w_dist)
+
+        info = train_wgan_gp(generator, Critic(c, h, cfg.generator_width), self.setup.u,
+                             steps=cfg.generator_steps, critic_steps=cfg.critic_steps,
+                             gp_weight=cfg.gp_weight, lr=cfg.gan_lr, batch_size=cfg.gan_batch_size,
+                             flip=cfg.flip, seed=cfg.seed, device=self.setup.device,
+                             progress=progress)
+        self.record.time("generator_training", info.pop("seconds"))
+        self.record.data["pre_fl"]["generator"] = info
+        return generator.cpu().eval()
+
+    def collect_discriminators(self, grid: Grid, generator: Generator) -> dict[int, Discriminator]:
+        """Send G to every client once; each returns D_k trained by Algorithm 3."""
+        cfg = self.cfg
+        arrays = ArrayRecord(generator.state_dict())
+        config = config_record(discriminator_epochs=cfg.discriminator_epochs,
+                               discriminator_lr=cfg.discriminator_lr,
+                               batch_size=cfg.gan_batch_size, flip=cfg.flip, seed=cfg.seed,
+                               latent_dim=cfg.latent_dim, generator_width=cfg.generator_width,
+                               discriminator_width=cfg.discriminator_width)
+        content = RecordDict({"generator": arrays, "config": config})
+        expected = {c.node_id: p for p, c in self.clients.by_partition.items()}
+        log(INFO, "pre-FL: sending G to %d clients for %d discriminator epoch(s)",
+            len(expected), cfg.discriminator_epochs)
+        self.record.sent("pre_fl", "down", arrays.count_bytes() * len(expected))
+        start = time.perf_counter()
+        replies = list(grid.send_and_receive(
+            [Message(content, dst_node_id=n, message_type=TRAIN_DISCRIMINATOR) for n in expected],
+            timeout=cfg.round_timeout))
+        self.record.time("discriminator_training", time.perf_counter() - start)
+        self.record.sent("pre_fl", "up", sum(
+            r.content.array_records["discriminator"].count_bytes() for r in replies
+            if not r.has_error() and "discriminator" in r.content.array_records))
+        template = new_discriminator(cfg, self.setup.image_shape).state_dict()
+        received = self.collect(replies, "discriminator", template, expected)
+        if not received:
+            raise RuntimeError("pre-FL: no client returned a usable discriminator")
+        kept = {m.partition_id for m in received}
+        if len(kept) < len(self.clients):
+            log(WARNING, "pre-FL: partitions %s sent no usable discriminator and are left out "
+                "of training", sorted(set(self.clients.partition_ids) - kept))
+            self.clients = ClientDirectory(
+                [c for p, c in self.clients.by_partition.items() if p in kept],
+                self.clients.num_partitions)
+        self.record.data["pre_fl"]["discriminator_loss"] = {
+            str(m.partition_id): m.metrics.get("discriminator-loss") for m in received}
+        discriminators = {}
+        for m in received:
+            d = new_discriminator(cfg, self.setup.image_shape)
+            d.load_state_dict(m.state)
+            discriminators[m.partition_id] = d
+        return discriminators
+
+    def cache_odds(self, discriminators: dict[int, Discriminator]) -> None:
+        """log Phi_k on every view of U and on the test split, once: D_k never changes."""
+        start = time.perf_counter()
+        dev, u = self.setup.device, self.setup.u
+        self.row = {p: i for i, p in enumerate(sorted(discriminators))}
+        self.u_log_odds = torch.stack([
+            torch.stack([log_odds(discriminators[p], u, device=dev, flip=v == 1)
+                         for v in range(self.views)]) for p in self.row])
+        self.test_log_odds = torch.stack([
+            log_odds(discriminators[p], self.setup.test_x, device=dev) for p in self.row])
+        self.record.time("odds", time.perf_counter() - start)
+        phi = self.u_log_odds.exp()
+        log(INFO, "pre-FL: odds on U cached for %d clients (Phi in [%.3f, %.3f], mean %.3f)",
+            len(self.row), phi.min().item(), phi.max().item(), phi.mean().item())
+
+    # ------------------------------------------------------------------ main FL
+    def server_update(self, server_round: int, averaged: dict[str, torch.Tensor],
+                      models: list[ClientModel]) -> dict[str, torch.Tensor]:
+        cfg, dev, u = self.cfg, self.setup.device, self.setup.u
+        entry = self.record.round(server_round)
+        start = time.perf_counter()
+        nets = []
+        for m in models:
+            net = self.setup.new_classifier()
+            net.load_state_dict(m.state)
+            nets.append(net)
+        rows = [self.row[m.partition_id] for m in models]
+        n_k = torch.tensor([m.num_examples for m in models], dtype=torch.float32)
+        targets = []
+        for v in range(self.views):  # pseudo-labels once per round, per view
+            logits = torch.stack([predict_logits(net, u, device=dev, flip=v == 1) for net in nets])
+            targets.append(pseudo_labels(logits, self.weighting(logits, self.u_log_odds[rows, v], n_k)))
+        self.record.time("pseudo_labelling", time.perf_counter() - start, server_round)
+
+        student = self.setup.new_classifier()
+        student.load_state_dict(averaged)
+        if cfg.server_epochs > 0:
+            info = distill(student, u, torch.stack(targets), epochs=cfg.server_epochs,
+                           batch_size=cfg.server_batch_size,
+                           lr=cosine_lr(cfg.server_lr, server_round, cfg.num_server_rounds),
+                           seed=cfg.seed * 1_000 + server_round, device=dev)
+            self.record.time("distillation", info["seconds"], server_round)
+            entry["distill_loss"] = info["distill_loss"]
+
+        # The ensemble itself, on the test split, with the same weighting rule.
+        start = time.perf_counter()
+        test_logits = torch.stack([predict_logits(net, self.setup.test_x, device=dev) for net in nets])
+        weights = self.weighting(test_logits, self.test_log_odds[rows], n_k)
+        acc, loss = accuracy_and_loss(ensemble_logits(test_logits, weights), self.setup.test_y)
+        entry.update(ensemble_test_acc=acc, ensemble_test_loss=loss)
+        self.record.time("evaluation", time.perf_counter() - start, server_round)
+        return {k: v.detach().cpu() for k, v in student.state_dict().items()}

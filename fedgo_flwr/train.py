@@ -1,0 +1,74 @@
+"""Local classifier training (ClientUpdate), evaluation and batched prediction."""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fedgo_flwr.data import minibatches, random_hflip, to_unit_range
+
+
+def resolve_device(name: str = "auto") -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("server-device is 'cuda' but no CUDA device is visible")
+    return torch.device(name)
+
+
+def train_classifier(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int,
+                     batch_size: int, lr: float, flip: bool, seed: int,
+                     device: torch.device) -> dict[str, float]:
+    """Adam on cross-entropy for `epochs` passes over (x, y); x is uint8 images."""
+    start = time.perf_counter()
+    gen = torch.Generator().manual_seed(seed)
+    model.to(device).train()
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    total, count = 0.0, 0
+    for _ in range(epochs):
+        for idx in minibatches(len(y), batch_size, gen):
+            xb = to_unit_range(x[idx]).to(device)
+            if flip:
+                xb = random_hflip(xb, gen)
+            loss = F.cross_entropy(model(xb), y[idx].to(device))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            total += loss.item() * len(idx)
+            count += len(idx)
+    return {"train-loss": total / max(count, 1), "train-seconds": time.perf_counter() - start}
+
+
+@torch.no_grad()
+def apply_in_batches(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, *,
+                     device: torch.device, flip: bool = False,
+                     batch_size: int = 1024) -> torch.Tensor:
+    """fn over uint8 images x (all flipped when `flip`) in [-1, 1], batch by batch, on the CPU."""
+    out = []
+    for idx in minibatches(len(x), batch_size, shuffle=False):
+        xb = to_unit_range(x[idx]).to(device)
+        out.append(fn(xb.flip(-1) if flip else xb).float().cpu())
+    return torch.cat(out) if out else torch.empty(0)
+
+
+def predict_logits(model: nn.Module, x: torch.Tensor, *, device: torch.device,
+                   flip: bool = False) -> torch.Tensor:
+    """Logits f(x; theta) for uint8 images x."""
+    model.to(device).eval()
+    return apply_in_batches(model, x, device=device, flip=flip)
+
+
+def accuracy_and_loss(logits: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
+    """Accuracy and mean cross-entropy of logits (or log-probabilities) against labels."""
+    loss = F.cross_entropy(logits, y).item()
+    acc = (logits.argmax(1) == y).float().mean().item()
+    return acc, loss
+
+
+def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *,
+             device: torch.device) -> tuple[float, float]:
+    return accuracy_and_loss(predict_logits(model, x, device=device), y)

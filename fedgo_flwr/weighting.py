@@ -1,0 +1,40 @@
+"""Client weighting rules w_k(u) for the ensemble, as pure tensor functions.
+
+Every rule maps (client logits [K, B, C], discriminator log-odds log Phi_k(u) [K, B],
+client sizes n_k [K]) to weights [K, B] that sum to 1 over the clients. The discriminator
+output itself is D_k(u) = sigmoid(log Phi_k(u)), so rules that want D_k get it exactly.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+WeightRule = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def odds_weights(logits: torch.Tensor, log_odds: torch.Tensor,
+                 num_examples: torch.Tensor) -> torch.Tensor:
+    """FedGO, eq. (9): w_k(u) = n_k Phi_k(u) / sum_i n_i Phi_i(u), computed in log space as
+    softmax_k(log n_k + log Phi_k(u))."""
+    log_n = torch.log(num_examples.to(log_odds.dtype)).unsqueeze(1)
+    return torch.softmax(log_n + log_odds, dim=0)
+
+
+def uniform_weights(logits: torch.Tensor, log_odds: torch.Tensor,
+                    num_examples: torch.Tensor) -> torch.Tensor:
+    """FedDF: w_k(u) = 1 / |A_t|."""
+    k, b = logits.shape[:2]
+    return torch.full((k, b), 1.0 / k, dtype=logits.dtype, device=logits.device)
+
+
+WEIGHTINGS: dict[str, WeightRule] = {
+    "odds": odds_weights,
+    "uniform": uniform_weights,
+}
+
+
+def log_odds_of(d: torch.Tensor) -> torch.Tensor:
+    """log(D / (1 - D)) of a discriminator output D in (0, 1)."""
+    return torch.log(d) - torch.log1p(-d)
