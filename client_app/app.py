@@ -63,8 +63,8 @@ def train_discriminator(message: Message, context: Context) -> Message:
     c, h = x.shape[1], x.shape[2]
     generator = Generator(int(conf["latent-dim"]), c, h, int(conf["generator-width"]))
     generator.load_state_dict(message.content.array_records["generator"].to_torch_state_dict())
+    torch.manual_seed(int(conf["seed"]) * 1_000 + pid)  # D_k's initialisation, per client
     discriminator = Discriminator(c, h, int(conf["discriminator-width"]))
-    torch.manual_seed(int(conf["seed"]) * 1_000 + pid)
     result = train_d(discriminator, generator, x, epochs=int(conf["discriminator-epochs"]),
                      lr=float(conf["discriminator-lr"]), batch_size=int(conf["batch-size"]),
                      flip=bool(conf["flip"]), seed=int(conf["seed"]) * 1_000 + pid,

@@ -34,21 +34,21 @@ class Config:
     # --- data
     alpha: float = 0.1  # Dirichlet concentration of the client split
     flip: bool = True  # random horizontal flip of client data and U (paper, App. E.2)
-    distill_size: int = 6000  # samples of U used for distillation; 0 = all of U
-    test_size: int = 0  # samples of the test split used for evaluation; 0 = all
+    distill_size: int = 3000  # samples of U used for distillation; 0 = all of U
+    test_size: int = 2000  # samples of the test split used for evaluation; 0 = all
     # --- main FL (Algorithm 2)
-    num_server_rounds: int = 10
+    num_server_rounds: int = 5
     fraction_train: float = 0.4  # C
-    local_epochs: int = 2
+    local_epochs: int = 1
     batch_size: int = 64
     lr: float = 1e-3
-    server_epochs: int = 2  # E_s
+    server_epochs: int = 1  # E_s
     server_lr: float = 1e-3
     server_batch_size: int = 64
     weighting: str = "odds"  # client weighting rule of the ensemble (fedgo)
     round_timeout: float = 3600.0
     # --- pre-FL stage (generator G1 and discriminators, Algorithm 3)
-    generator_steps: int = 200  # WGAN-GP generator steps on U; 0 = randomly initialised G
+    generator_steps: int = 60  # WGAN-GP generator steps on U; 0 = randomly initialised G
     critic_steps: int = 5
     gp_weight: float = 10.0
     gan_lr: float = 2e-4
@@ -56,7 +56,7 @@ class Config:
     latent_dim: int = 128
     generator_width: int = 32  # base channels of G and its critic (64 in WGAN-GP)
     discriminator_width: int = 32  # base channels of D_k (64 in DCGAN)
-    discriminator_epochs: int = 3
+    discriminator_epochs: int = 2
     discriminator_lr: float = 2e-4
     # --- where server work runs
     server_device: str = "auto"

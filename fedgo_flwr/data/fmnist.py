@@ -36,8 +36,5 @@ def load_fmnist(root: Path) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, t
     # download=True returns at once when the extracted files are already there.
     train = FashionMNIST(str(root), train=True, download=True)
     test = FashionMNIST(str(root), train=False, download=True)
-    if len(train.targets) != 60000 or len(test.targets) != 10000:
-        raise RuntimeError(f"Fashion-MNIST in {raw} is incomplete: "
-                           f"{len(train.targets)} train / {len(test.targets)} test images")
     return (train.data.unsqueeze(1), train.targets.long(),
             test.data.unsqueeze(1), test.targets.long())

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Sets up, then runs the default experiment (FedGO on Fashion-MNIST, K = 20 clients) through
+# `flwr run .` on a local SuperLink with the Ray simulation engine, and checks its status.
+# Extra arguments go to `flwr run`, e.g.:  bash scripts/run.sh -c 'strategy="fedavg"'
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+. .venv/bin/activate
+# Our dependencies are installed; the SuperLink must not re-resolve them per run (it would
+# download a CUDA torch).
+export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
+FEDERATION="${FEDERATION:-num-supernodes=20 client-resources-num-cpus=1 client-resources-num-gpus=0}"
+log=$(mktemp)
+echo "[run] flwr run . --stream --federation-config \"$FEDERATION\" $*"
+flwr run . --stream --federation-config "$FEDERATION" "$@" 2>&1 | tee "$log"
+run_id=$(grep -o 'Successfully started run [0-9]*' "$log" | grep -o '[0-9]*$' || true)
+[ -n "$run_id" ] || { echo "[run] the run did not start"; exit 1; }
+status=$(flwr list --run-id "$run_id" --format json \
+         | python -c 'import json,sys; print(json.load(sys.stdin)["runs"][0]["status"])')
+echo "[run] run $run_id: $status"
+[ "$status" = "finished:completed" ]

@@ -1,0 +1,59 @@
+import gzip
+import struct
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+REPO = Path(__file__).resolve().parents[1]
+
+
+def write_idx(path: Path, array: np.ndarray, compress: bool = False) -> None:
+    """An IDX file as the MNIST family ships them (big-endian dims, unsigned bytes)."""
+    magic = 0x0800 + array.ndim
+    payload = struct.pack(">I", magic) + struct.pack(f">{array.ndim}I", *array.shape)
+    payload += array.astype(np.uint8).tobytes()
+    (gzip.open if compress else open)(path, "wb").write(payload)
+
+
+def tiny_images(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """n 28x28 images of 10 classes, each class a bright bar at its own place plus noise."""
+    labels = np.arange(n) % 10
+    rng.shuffle(labels)
+    images = rng.integers(0, 60, size=(n, 28, 28))
+    for i, c in enumerate(labels):
+        images[i, 2 * c + 3: 2 * c + 7, 4:24] = 230
+    return images.astype(np.uint8), labels.astype(np.uint8)
+
+
+def write_tiny_fmnist(folder: Path, n_train: int = 1000, n_test: int = 200,
+                      compress: bool = False) -> Path:
+    rng = np.random.default_rng(0)
+    folder.mkdir(parents=True, exist_ok=True)
+    suffix = ".gz" if compress else ""
+    for split, n in (("train", n_train), ("t10k", n_test)):
+        x, y = tiny_images(n, rng)
+        write_idx(folder / f"{split}-images-idx3-ubyte{suffix}", x, compress)
+        write_idx(folder / f"{split}-labels-idx1-ubyte{suffix}", y, compress)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_data_dir(tmp_path_factory) -> Path:
+    """A data-dir holding a 1000/200-image Fashion-MNIST in torchvision's layout."""
+    root = tmp_path_factory.mktemp("data")
+    write_tiny_fmnist(root / "FashionMNIST" / "raw")
+    return root
+
+
+@pytest.fixture
+def tiny_config(tiny_data_dir, tmp_path):
+    """A FedGO config small enough for a few seconds per run."""
+    from fedgo_flwr.config import Config
+    return Config().replace(
+        data_dir=str(tiny_data_dir), results_dir=str(tmp_path / "results"), run_name="tiny",
+        num_server_rounds=2, fraction_train=0.5, local_epochs=1, server_epochs=1,
+        generator_steps=2, discriminator_epochs=1, distill_size=0, test_size=0,
+        generator_width=8, discriminator_width=8, alpha=0.5)

@@ -1,0 +1,76 @@
+import numpy as np
+import pytest
+import torch
+
+import fedgo_flwr.data.fmnist as fmnist
+from conftest import write_tiny_fmnist
+from fedgo_flwr.data import client_indices, distillation_indices, random_hflip, split_indices
+from fedgo_flwr.data.split import dirichlet_partitions, server_client_split
+
+
+def test_split_is_disjoint_per_class_halves_and_seeded():
+    labels = np.repeat(np.arange(10), [100, 101, 50, 7, 64, 80, 90, 33, 12, 40])
+    pool, server = server_client_split(labels, seed=1)
+    assert len(np.intersect1d(pool, server)) == 0
+    assert len(pool) + len(server) == len(labels)
+    for c in range(10):
+        n_c = (labels == c).sum()
+        assert (labels[pool] == c).sum() == n_c // 2
+        assert (labels[server] == c).sum() == n_c - n_c // 2
+    again, _ = server_client_split(labels, seed=1)
+    other, _ = server_client_split(labels, seed=2)
+    assert np.array_equal(pool, again) and not np.array_equal(pool, other)
+
+
+def test_dirichlet_partitions_cover_the_pool_disjointly_and_are_seeded():
+    labels = np.random.default_rng(0).integers(0, 10, 3000)
+    parts = dirichlet_partitions(labels, 20, alpha=0.1, seed=4)
+    flat = np.concatenate(parts)
+    assert sorted(flat.tolist()) == list(range(3000))
+    same = dirichlet_partitions(labels, 20, alpha=0.1, seed=4)
+    assert all(np.array_equal(a, b) for a, b in zip(parts, same))
+    other = dirichlet_partitions(labels, 20, alpha=0.1, seed=5)
+    assert not all(np.array_equal(a, b) for a, b in zip(parts, other))
+    # alpha = 0.1 is strongly non-IID: most clients hold few classes for most of their data
+    top_share = [np.bincount(labels[p], minlength=10).max() / len(p) for p in parts]
+    assert np.median(top_share) > 0.5
+
+
+def test_partition_seed_is_independent_of_alpha(tiny_config):
+    a = client_indices(tiny_config, 0, 4)
+    b = client_indices(tiny_config.replace(partition_seed=11), 0, 4)
+    c = client_indices(tiny_config.replace(seed=11), 0, 4)  # moves the split as well
+    assert not np.array_equal(a, b) and not np.array_equal(a, c)
+
+
+def test_clients_and_server_never_share_images(tiny_config):
+    pool, server = split_indices(tiny_config.dataset, tiny_config.data_path, tiny_config.seed)
+    clients = np.concatenate([client_indices(tiny_config, k, 4) for k in range(4)])
+    assert sorted(clients.tolist()) == pool.tolist()
+    assert len(np.intersect1d(clients, distillation_indices(tiny_config))) == 0
+    subset = distillation_indices(tiny_config.replace(distill_size=50))
+    assert len(subset) == 50 and set(subset) <= set(server)
+
+
+def test_fmnist_is_read_from_the_debian_location(tmp_path, monkeypatch):
+    debian = write_tiny_fmnist(tmp_path / "debian", n_train=40, n_test=10, compress=True)
+    monkeypatch.setattr(fmnist, "DEBIAN_DIR", debian)
+    train_x, train_y, test_x, test_y = fmnist.load_fmnist(tmp_path / "data")
+    assert train_x.shape == (40, 1, 28, 28) and train_x.dtype == torch.uint8
+    assert test_y.shape == (10,) and int(train_y.max()) <= 9
+    assert (tmp_path / "data" / "FashionMNIST" / "raw" / "train-images-idx3-ubyte").is_file()
+
+
+def test_missing_data_without_network_fails_with_the_download_error(tmp_path, monkeypatch):
+    monkeypatch.setattr(fmnist, "DEBIAN_DIR", tmp_path / "nowhere")
+    monkeypatch.setattr(fmnist.FashionMNIST, "mirrors", ["http://127.0.0.1:9/"])
+    with pytest.raises(RuntimeError, match="Error downloading"):
+        fmnist.load_fmnist(tmp_path / "data")
+
+
+def test_random_hflip_flips_about_half():
+    x = torch.arange(4.0).view(1, 1, 1, 4).repeat(1000, 1, 1, 1)
+    out = random_hflip(x, torch.Generator().manual_seed(0))
+    flipped = (out[:, 0, 0, 0] == 3).float().mean().item()
+    assert 0.4 < flipped < 0.6
+    assert ((out[:, 0, 0, 0] == 0) | (out[:, 0, 0, 0] == 3)).all()

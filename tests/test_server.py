@@ -1,0 +1,76 @@
+"""The whole ServerApp logic on the in-process grid: record, reproducibility, bad replies."""
+
+import json
+import logging
+
+import numpy as np
+import torch
+
+from client_app.app import app as client_app
+from inprocess import InProcessGrid
+from server_app.app import run
+
+
+def _run(cfg, tamper=None, num_partitions=4):
+    grid = InProcessGrid(client_app, cfg.to_run_config(), num_partitions, tamper=tamper)
+    return json.loads(run(grid, cfg).read_text()), grid
+
+
+def test_fedgo_record_holds_config_rounds_timings_and_bytes(tiny_config):
+    record, grid = _run(tiny_config)
+    assert record["config"] == tiny_config.to_run_config()
+    assert [r["round"] for r in record["rounds"]] == [0, 1, 2]
+    for r in record["rounds"][1:]:
+        for key in ("server_test_acc", "server_test_loss", "ensemble_test_acc",
+                    "ensemble_test_loss", "distill_loss"):
+            assert np.isfinite(r[key]), key
+        assert len(r["clients"]) == 2  # floor(0.5 * 4)
+        assert set(r["seconds"]) >= {"client_training", "aggregation", "pseudo_labelling",
+                                     "distillation", "evaluation"}
+        assert r["bytes"]["down"] == r["bytes"]["up"] > 0
+    assert record["timings"]["generator_training"] > 0
+    assert record["timings"]["discriminator_training"] > 0
+    assert record["bytes"]["pre_fl_down"] > 0 and record["bytes"]["pre_fl_up"] > 0
+    types = [m.metadata.message_type for m in grid.sent]
+    assert types.count("train.discriminator") == 4  # G goes to every client, once
+    assert types.count("train") == 4
+
+
+def test_one_seed_reproduces_the_run_and_another_changes_it(tiny_config):
+    a, _ = _run(tiny_config)
+    b, _ = _run(tiny_config.replace(run_name="again"))
+    c, _ = _run(tiny_config.replace(run_name="other", seed=1))
+    pick = lambda rec: [(r.get("clients"), r["server_test_acc"], r.get("distill_loss"))
+                        for r in rec["rounds"]]
+    assert pick(a) == pick(b)
+    assert pick(a) != pick(c)
+
+
+def test_fedavg_has_no_pre_fl_and_no_ensemble(tiny_config):
+    record, grid = _run(tiny_config.replace(strategy="fedavg"))
+    assert "train.discriminator" not in {m.metadata.message_type for m in grid.sent}
+    assert all("ensemble_test_acc" not in r for r in record["rounds"])
+    assert "pre_fl_down" not in record["bytes"]
+
+
+def test_malformed_replies_are_rejected_with_a_logged_reason(tiny_config, caplog):
+    def tamper(reply):
+        arrays = reply.content.array_records.get("arrays")
+        if arrays is not None and reply.metadata.src_node_id == 1000:  # partition 0
+            state = arrays.to_torch_state_dict()
+            state["fc2.weight"] = torch.full_like(state["fc2.weight"], float("nan"))
+            reply.content.array_records["arrays"] = type(arrays)(state)
+        if arrays is not None and reply.metadata.src_node_id == 1017:  # partition 1
+            state = arrays.to_torch_state_dict()
+            state["fc2.bias"] = torch.zeros(3)
+            reply.content.array_records["arrays"] = type(arrays)(state)
+        return reply
+
+    cfg = tiny_config.replace(fraction_train=1.0, num_server_rounds=1)
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        record, _ = _run(cfg, tamper=tamper)
+    text = caplog.text
+    assert "rejected reply from node 1000 (partition 0): tensor 'fc2.weight' has non-finite" in text
+    assert "rejected reply from node 1017 (partition 1): tensor 'fc2.bias' has shape" in text
+    last = record["rounds"][-1]
+    assert np.isfinite(last["server_test_acc"]) and np.isfinite(last["ensemble_test_acc"])

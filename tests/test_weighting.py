@@ -1,0 +1,48 @@
+import math
+
+import torch
+
+from fedgo_flwr.weighting import WEIGHTINGS, log_odds_of, odds_weights
+
+
+def gaussian(x, mean, std):
+    return torch.exp(-0.5 * ((x - mean) / std) ** 2) / (std * math.sqrt(2 * math.pi))
+
+
+def test_odds_weights_are_the_optimal_weights_of_theorem_3_6():
+    # K clients with known 1-D densities p_k, a wide generator density p_g, and the optimal
+    # discriminators of Theorem 2.1: D_k = p_k / (p_k + p_g).
+    x = torch.linspace(-6, 6, 401, dtype=torch.float64)
+    p = torch.stack([gaussian(x, -2.0, 1.0), gaussian(x, 0.5, 0.7), gaussian(x, 2.5, 1.5)])
+    p_g = gaussian(x, 0.0, 4.0)
+    n = torch.tensor([300.0, 120.0, 580.0], dtype=torch.float64)
+    d = p / (p + p_g)
+    logits = torch.zeros(3, len(x), 10, dtype=torch.float64)
+
+    w = odds_weights(logits, log_odds_of(d), n)
+
+    pi = n / n.sum()
+    optimal = pi[:, None] * p / (pi[:, None] * p).sum(0)
+    torch.testing.assert_close(w, optimal, rtol=1e-9, atol=1e-12)
+
+
+def test_odds_weights_sum_to_one_and_reduce_to_n_k_with_equal_discriminators():
+    n = torch.tensor([10.0, 30.0, 60.0])
+    log_odds = torch.full((3, 5), 0.7)
+    w = odds_weights(torch.zeros(3, 5, 4), log_odds, n)
+    torch.testing.assert_close(w, (n / n.sum())[:, None].expand(3, 5))
+    w = odds_weights(torch.zeros(3, 5, 4), torch.rand(3, 5), n)
+    torch.testing.assert_close(w.sum(0), torch.ones(5))
+
+
+def test_odds_weights_bounded_by_the_double_sigmoid():
+    # With log Phi in (0, 1), one client's weight relative to equal-size peers is at most e.
+    n = torch.ones(4)
+    log_odds = torch.tensor([[1.0], [0.0], [0.0], [0.0]])
+    w = odds_weights(torch.zeros(4, 1, 2), log_odds, n)
+    assert math.isclose((w[0] / w[1]).item(), math.e, rel_tol=1e-6)
+
+
+def test_uniform_weights():
+    w = WEIGHTINGS["uniform"](torch.randn(4, 3, 5), torch.rand(4, 3), torch.tensor([1., 2, 3, 4]))
+    torch.testing.assert_close(w, torch.full((4, 3), 0.25))
