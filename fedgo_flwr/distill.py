@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedgo_flwr.data import minibatches, to_unit_range
+from fedgo_flwr.data import to_unit_range
+from fedgo_flwr.train import minibatch_descent
 
 
 def ensemble_logits(client_logits: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -46,18 +47,15 @@ def distill(student: nn.Module, u: torch.Tensor, targets: torch.Tensor, *, epoch
     views = targets.shape[0]
     student.to(device).train()
     opt = torch.optim.Adam(student.parameters(), lr=lr)
-    total, count = 0.0, 0
-    for _ in range(epochs):
-        for idx in minibatches(len(u), batch_size, gen):
-            xb = to_unit_range(u[idx]).to(device)
-            view = torch.randint(views, (len(idx),), generator=gen)
-            flipped = (view == 1).to(device).view(-1, 1, 1, 1)
-            xb = torch.where(flipped, xb.flip(-1), xb)
-            loss = kl_to_targets(student(xb), targets[view, idx].to(device))
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            total += loss.item() * len(idx)
-            count += len(idx)
+
+    def batch_loss(idx: torch.Tensor) -> torch.Tensor:
+        xb = to_unit_range(u[idx]).to(device)
+        view = torch.randint(views, (len(idx),), generator=gen)
+        flipped = (view == 1).to(device).view(-1, 1, 1, 1)
+        xb = torch.where(flipped, xb.flip(-1), xb)
+        return kl_to_targets(student(xb), targets[view, idx].to(device))
+
+    loss = minibatch_descent(opt, len(u), epochs=epochs, batch_size=batch_size, gen=gen,
+                             batch_loss=batch_loss)
     student.eval()
-    return {"distill_loss": total / max(count, 1), "seconds": time.perf_counter() - start}
+    return {"distill_loss": loss, "seconds": time.perf_counter() - start}

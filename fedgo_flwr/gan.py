@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from fedgo_flwr.data import minibatches, random_hflip, to_unit_range
-from fedgo_flwr.train import apply_in_batches
+from fedgo_flwr.train import apply_in_batches, minibatch_descent
 from fedgo_flwr.models import Critic, Discriminator, Generator
 
 log = logging.getLogger(__name__)
@@ -83,25 +83,21 @@ def train_discriminator(discriminator: Discriminator, generator: Generator, x: t
     discriminator.to(device).train()
     generator.to(device).eval()
     opt = torch.optim.Adam(discriminator.parameters(), lr=lr, betas=(0.5, 0.999))
-    total, count = 0.0, 0
-    for _ in range(epochs):
-        for idx in minibatches(len(x), batch_size, gen):
-            real = to_unit_range(x[idx]).to(device)
-            if flip:
-                real = random_hflip(real, gen)
-            with torch.no_grad():
-                fake = generator.sample(len(idx), gen)
-            s_real = discriminator.log_odds(real)
-            s_fake = discriminator.log_odds(fake)
-            loss = (F.binary_cross_entropy_with_logits(s_real, torch.ones_like(s_real))
-                    + F.binary_cross_entropy_with_logits(s_fake, torch.zeros_like(s_fake)))
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            total += loss.item() * len(idx)
-            count += len(idx)
+
+    def batch_loss(idx: torch.Tensor) -> torch.Tensor:
+        real = to_unit_range(x[idx]).to(device)
+        if flip:
+            real = random_hflip(real, gen)
+        with torch.no_grad():
+            fake = generator.sample(len(idx), gen)
+        s_real, s_fake = discriminator.log_odds(real), discriminator.log_odds(fake)
+        return (F.binary_cross_entropy_with_logits(s_real, torch.ones_like(s_real))
+                + F.binary_cross_entropy_with_logits(s_fake, torch.zeros_like(s_fake)))
+
+    loss = minibatch_descent(opt, len(x), epochs=epochs, batch_size=batch_size, gen=gen,
+                             batch_loss=batch_loss)
     discriminator.eval()
-    return {"discriminator-loss": total / max(count, 1),
+    return {"discriminator-loss": loss,
             "discriminator-seconds": time.perf_counter() - start}
 
 

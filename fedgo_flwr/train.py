@@ -20,6 +20,23 @@ def resolve_device(name: str = "auto") -> torch.device:
     return torch.device(name)
 
 
+def minibatch_descent(opt: torch.optim.Optimizer, n: int, *, epochs: int, batch_size: int,
+                      gen: torch.Generator,
+                      batch_loss: Callable[[torch.Tensor], torch.Tensor]) -> float:
+    """`epochs` passes over n items in shuffled minibatches, one optimiser step per batch on
+    batch_loss(indices); returns the mean loss per item (nan when no step was taken)."""
+    total, count = 0.0, 0
+    for _ in range(epochs):
+        for idx in minibatches(n, batch_size, gen):
+            loss = batch_loss(idx)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            total += loss.item() * len(idx)
+            count += len(idx)
+    return total / count if count else float("nan")
+
+
 def train_classifier(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int,
                      batch_size: int, lr: float, flip: bool, seed: int,
                      device: torch.device) -> dict[str, float]:
@@ -28,19 +45,16 @@ def train_classifier(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epoc
     gen = torch.Generator().manual_seed(seed)
     model.to(device).train()
     opt = torch.optim.Adam(model.parameters(), lr=lr)
-    total, count = 0.0, 0
-    for _ in range(epochs):
-        for idx in minibatches(len(y), batch_size, gen):
-            xb = to_unit_range(x[idx]).to(device)
-            if flip:
-                xb = random_hflip(xb, gen)
-            loss = F.cross_entropy(model(xb), y[idx].to(device))
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            total += loss.item() * len(idx)
-            count += len(idx)
-    return {"train-loss": total / max(count, 1), "train-seconds": time.perf_counter() - start}
+
+    def batch_loss(idx: torch.Tensor) -> torch.Tensor:
+        xb = to_unit_range(x[idx]).to(device)
+        if flip:
+            xb = random_hflip(xb, gen)
+        return F.cross_entropy(model(xb), y[idx].to(device))
+
+    loss = minibatch_descent(opt, len(y), epochs=epochs, batch_size=batch_size, gen=gen,
+                             batch_loss=batch_loss)
+    return {"train-loss": loss, "train-seconds": time.perf_counter() - start}
 
 
 @torch.no_grad()

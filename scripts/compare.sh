@@ -13,9 +13,13 @@ for seed in $SEEDS; do
         name="$strategy-s$seed"
         if [ -f "$OUT/$name/record.json" ]; then echo "[compare] $name: done"; continue; fi
         echo "[compare] $name"
+        # flwr run takes either one TOML file or key=value pairs: merge them into one file.
+        cell=$(mktemp --suffix .toml)
+        cat conf/fmnist-compare.toml > "$cell"
+        printf 'strategy = "%s"\nseed = %s\nresults-dir = "%s"\nrun-name = "%s"\n' \
+            "$strategy" "$seed" "$OUT" "$name" >> "$cell"
         flwr run . --stream --federation-config "num-supernodes=20 client-resources-num-cpus=1" \
-            -c conf/fmnist-compare.toml \
-            -c "strategy=\"$strategy\" seed=$seed results-dir=\"$OUT\" run-name=\"$name\""
+            -c "$cell"
         [ -f "$OUT/$name/record.json" ] || { echo "[compare] $name failed"; exit 1; }
     done
 done

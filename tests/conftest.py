@@ -57,3 +57,10 @@ def tiny_config(tiny_data_dir, tmp_path):
         num_server_rounds=2, fraction_train=0.5, local_epochs=1, server_epochs=1,
         generator_steps=2, discriminator_epochs=1, distill_size=0, test_size=0,
         generator_width=8, discriminator_width=8, alpha=0.5)
+
+
+# The test models are tiny: a second intra-op thread buys nothing, and on a busy machine
+# OpenMP threads waiting for each other made the suite three times slower.
+import torch  # noqa: E402
+
+torch.set_num_threads(1)
