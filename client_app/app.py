@@ -43,6 +43,11 @@ def _classifier(cfg: Config, message: Message) -> torch.nn.Module:
     return model
 
 
+def _client_seed(conf, partition_id: int) -> int:
+    """The server's seed for this stage and round, made distinct per client."""
+    return int(conf["seed"]) * 1_000 + partition_id
+
+
 def _reply(message: Message, metrics: dict, key: str = "metrics",
            **arrays: ArrayRecord) -> Message:
     content = RecordDict({**arrays, key: MetricRecord(metrics)})
@@ -63,11 +68,12 @@ def train_discriminator(message: Message, context: Context) -> Message:
     c, h = x.shape[1], x.shape[2]
     generator = Generator(int(conf["latent-dim"]), c, h, int(conf["generator-width"]))
     generator.load_state_dict(message.content.array_records["generator"].to_torch_state_dict())
-    torch.manual_seed(int(conf["seed"]) * 1_000 + pid)  # D_k's initialisation, per client
+    seed = _client_seed(conf, pid)
+    torch.manual_seed(seed)  # D_k's initialisation
     discriminator = Discriminator(c, h, int(conf["discriminator-width"]))
     result = train_d(discriminator, generator, x, epochs=int(conf["discriminator-epochs"]),
                      lr=float(conf["discriminator-lr"]), batch_size=int(conf["batch-size"]),
-                     flip=bool(conf["flip"]), seed=int(conf["seed"]) * 1_000 + pid,
+                     flip=bool(conf["flip"]), seed=seed,
                      device=resolve_device())
     return _reply(message, {"num-examples": len(x), **result},
                   discriminator=ArrayRecord(discriminator.cpu().state_dict()))
@@ -80,7 +86,7 @@ def train(message: Message, context: Context) -> Message:
     model = _classifier(cfg, message)
     result = train_classifier(model, x, y, epochs=int(conf["local-epochs"]),
                               batch_size=int(conf["batch-size"]), lr=float(conf["lr"]),
-                              flip=bool(conf["flip"]), seed=int(conf["seed"]) * 1_000 + pid,
+                              flip=bool(conf["flip"]), seed=_client_seed(conf, pid),
                               device=resolve_device())
     return _reply(message, {"num-examples": len(y), **result},
                   arrays=ArrayRecord(model.cpu().state_dict()))

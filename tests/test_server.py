@@ -74,3 +74,12 @@ def test_malformed_replies_are_rejected_with_a_logged_reason(tiny_config, caplog
     assert "rejected reply from node 1017 (partition 1): tensor 'fc2.bias' has shape" in text
     last = record["rounds"][-1]
     assert np.isfinite(last["server_test_acc"]) and np.isfinite(last["ensemble_test_acc"])
+
+
+def test_two_nodes_claiming_one_partition_fail_fast(tiny_config):
+    import pytest
+    grid = InProcessGrid(client_app, tiny_config.to_run_config(), 3)
+    second = list(grid.nodes)[1]
+    grid.nodes[second].node_config["partition-id"] = 0
+    with pytest.raises(RuntimeError, match="partition-id 0 is claimed by nodes"):
+        run(grid, tiny_config)

@@ -23,7 +23,7 @@ from fedgo_flwr.config import Config
 from fedgo_flwr.models import create_classifier
 from fedgo_flwr.results import RunRecord, round_line
 from fedgo_flwr.strategies.clients import (ClientDirectory, config_record, discover_clients,
-                                           reply_problem, sample_partitions)
+                                           payload_bytes, reply_problem, sample_partitions)
 from fedgo_flwr.train import evaluate
 
 
@@ -134,9 +134,7 @@ class FedAvgStrategy(FedAvg):
                         replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
         replies = list(replies)
         self.record.time("client_training", time.perf_counter() - self._sent_at, server_round)
-        self.record.sent("main_fl", "up", sum(r.content.array_records["arrays"].count_bytes()
-                                              for r in replies if not r.has_error()
-                                              and "arrays" in r.content.array_records), server_round)
+        self.record.sent("main_fl", "up", payload_bytes(replies, "arrays"), server_round)
         template = self.setup.new_classifier().state_dict()
         models = self.collect(replies, "arrays", template, self._sampled)
         if not models:
@@ -147,8 +145,9 @@ class FedAvgStrategy(FedAvg):
         averaged = weighted_average(models, template)
         self.record.time("aggregation", time.perf_counter() - start, server_round)
         state = self.server_update(server_round, averaged, models)
-        loss = (sum(m.num_examples * float(m.metrics.get("train-loss", float("nan"))) for m in models)
-                / sum(m.num_examples for m in models))
+        reported = [m for m in models if isinstance(m.metrics.get("train-loss"), (int, float))]
+        loss = (sum(m.num_examples * m.metrics["train-loss"] for m in reported)
+                / sum(m.num_examples for m in reported)) if reported else float("nan")
         self.record.round(server_round)["train_loss"] = loss
         return ArrayRecord(state), MetricRecord({"train-loss": loss})
 

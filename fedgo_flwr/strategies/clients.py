@@ -116,5 +116,11 @@ def reply_problem(reply: Message, array_key: str, template: dict[str, torch.Tens
     return None
 
 
+def payload_bytes(replies: list[Message], array_key: str) -> int:
+    """Bytes of the `array_key` arrays that arrived (counted before any reply is checked)."""
+    return sum(r.content.array_records[array_key].count_bytes() for r in replies
+               if not r.has_error() and array_key in r.content.array_records)
+
+
 def config_record(**values) -> ConfigRecord:
     return ConfigRecord({k.replace("_", "-"): v for k, v in values.items()})

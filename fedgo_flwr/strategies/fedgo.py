@@ -16,7 +16,7 @@ from fedgo_flwr.distill import cosine_lr, distill, ensemble_logits, pseudo_label
 from fedgo_flwr.gan import log_odds, train_wgan_gp
 from fedgo_flwr.models import Critic, Discriminator, Generator
 from fedgo_flwr.strategies.base import ClientModel, FedAvgStrategy, ServerSetup
-from fedgo_flwr.strategies.clients import ClientDirectory, config_record
+from fedgo_flwr.strategies.clients import ClientDirectory, config_record, payload_bytes
 from fedgo_flwr.train import accuracy_and_loss, predict_logits
 from fedgo_flwr.results import RunRecord
 from fedgo_flwr.weighting import WEIGHTINGS
@@ -93,9 +93,7 @@ class FedGO(FedAvgStrategy):
             [Message(content, dst_node_id=n, message_type=TRAIN_DISCRIMINATOR) for n in expected],
             timeout=cfg.round_timeout))
         self.record.time("discriminator_training", time.perf_counter() - start)
-        self.record.sent("pre_fl", "up", sum(
-            r.content.array_records["discriminator"].count_bytes() for r in replies
-            if not r.has_error() and "discriminator" in r.content.array_records))
+        self.record.sent("pre_fl", "up", payload_bytes(replies, "discriminator"))
         template = new_discriminator(cfg, self.setup.image_shape).state_dict()
         received = self.collect(replies, "discriminator", template, expected)
         if not received:

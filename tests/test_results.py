@@ -1,0 +1,22 @@
+from fedgo_flwr.report import summary_table
+from fedgo_flwr.results import format_table, round_line
+
+
+def test_table_and_progress_line_show_what_each_round_has():
+    rounds = [{"round": 0, "server_test_acc": 0.1, "server_test_loss": 2.3, "seconds": {}},
+              {"round": 1, "server_test_acc": 0.5, "server_test_loss": 1.2,
+               "ensemble_test_acc": 0.55, "ensemble_test_loss": 1.1, "distill_loss": 0.02,
+               "seconds": {"client_training": 3.0, "distillation": 1.5}}]
+    lines = format_table(rounds).splitlines()
+    assert lines[0].split()[:3] == ["round", "server", "acc"]
+    assert lines[1].split()[-1] == "-" and "0.5500" in lines[2]
+    assert round_line(rounds[1]) == ("round 1 | server acc 0.5000 | ens. acc 0.5500 | "
+                                     "distill KL 0.0200 | 4.5s")
+
+
+def test_summary_table_mean_and_std_over_seeds():
+    recs = [{"config": {"strategy": "fedgo", "alpha": 0.1, "seed": s},
+             "rounds": [{"round": 10, "server_test_acc": acc, "ensemble_test_acc": acc}]}
+            for s, acc in ((0, 0.70), (1, 0.80))]
+    row = summary_table(recs).splitlines()[2]
+    assert row == "| fedgo | 0.1 | 0,1 | 10 | 75.00 ± 7.07 | 75.00 ± 7.07 |"
