@@ -46,6 +46,7 @@ class Config:
     server_lr: float = 1e-3
     server_batch_size: int = 64
     weighting: str = "odds"  # client weighting rule of the ensemble (fedgo)
+    entropy_tau: float = 1.0  # temperature of the entropy rule
     round_timeout: float = 3600.0
     # --- pre-FL stage (generator G1 and discriminators, Algorithm 3)
     generator_steps: int = 60  # WGAN-GP generator steps on U; 0 = randomly initialised G
@@ -122,7 +123,7 @@ class Config:
         for key in ("local-epochs", "server-epochs", "generator-steps",
                     "discriminator-epochs", "distill-size", "test-size", "seed"):
             _check(key, getattr(self, key.replace("-", "_")) >= 0, "must be >= 0")
-        for key in ("lr", "server-lr", "gan-lr", "discriminator-lr", "round-timeout"):
+        for key in ("lr", "server-lr", "gan-lr", "discriminator-lr", "round-timeout", "entropy-tau"):
             _check(key, getattr(self, key.replace("-", "_")) > 0, "must be > 0")
         _check("gp-weight", self.gp_weight >= 0, "must be >= 0")
 

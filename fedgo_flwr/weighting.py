@@ -7,6 +7,7 @@ output itself is D_k(u) = sigmoid(log Phi_k(u)), so rules that want D_k get it e
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Callable
 
 import torch
@@ -29,10 +30,43 @@ def uniform_weights(logits: torch.Tensor, log_odds: torch.Tensor,
     return torch.full((k, b), 1.0 / k, dtype=logits.dtype, device=logits.device)
 
 
+def variance_weights(logits: torch.Tensor, log_odds: torch.Tensor,
+                     num_examples: torch.Tensor) -> torch.Tensor:
+    """Fed-ET: w_k(u) = Var(f(u; theta_k)) / sum_i Var(f(u; theta_i)), the variance taken over
+    the classes of each client's logits (a more peaked output counts as more confident)."""
+    var = logits.var(dim=-1, unbiased=False)
+    return var / var.sum(0, keepdim=True).clamp_min(torch.finfo(var.dtype).tiny)
+
+
+def entropy_weights(logits: torch.Tensor, log_odds: torch.Tensor, num_examples: torch.Tensor,
+                    tau: float = 1.0) -> torch.Tensor:
+    """FedHKT / FedDS: w_k(u) = softmax_k(-Entropy(softmax(f(u; theta_k))) / tau)."""
+    log_p = torch.log_softmax(logits, dim=-1)
+    entropy = -(log_p.exp() * log_p).sum(-1)
+    return torch.softmax(-entropy / tau, dim=0)
+
+
+def domain_aware_weights(logits: torch.Tensor, log_odds: torch.Tensor,
+                         num_examples: torch.Tensor) -> torch.Tensor:
+    """DaFKD: w_k(u) = D_k(u) / sum_i D_i(u), with D_k = sigmoid(log Phi_k); no n_k."""
+    d = torch.sigmoid(log_odds)
+    return d / d.sum(0, keepdim=True)
+
+
 WEIGHTINGS: dict[str, WeightRule] = {
     "odds": odds_weights,
     "uniform": uniform_weights,
+    "variance": variance_weights,
+    "entropy": entropy_weights,
+    "domain-aware": domain_aware_weights,
 }
+
+
+def weighting_rule(name: str, entropy_tau: float = 1.0) -> WeightRule:
+    """The registered rule `name`, with its parameters bound."""
+    if name == "entropy":
+        return partial(entropy_weights, tau=entropy_tau)
+    return WEIGHTINGS[name]
 
 
 def log_odds_of(d: torch.Tensor) -> torch.Tensor:

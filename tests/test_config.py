@@ -18,7 +18,8 @@ def test_run_config_round_trip_and_int_for_float():
 
 @pytest.mark.parametrize("key,value,needle", [
     ("strategy", "fedsgd", "allowed values: fedavg, fedgo"),
-    ("weighting", "magic", "allowed values:"),
+    ("weighting", "magic", "allowed values: domain-aware, entropy, odds, uniform, variance"),
+    ("entropy-tau", 0.0, "'entropy-tau' must be > 0"),
     ("server-device", "tpu", "allowed values: auto, cpu, cuda"),
     ("alpha", 0.0, "'alpha' must be > 0"),
     ("fraction-train", 1.5, "'fraction-train' must be in (0, 1]"),

@@ -83,3 +83,16 @@ def test_two_nodes_claiming_one_partition_fail_fast(tiny_config):
     grid.nodes[second].node_config["partition-id"] = 0
     with pytest.raises(RuntimeError, match="partition-id 0 is claimed by nodes"):
         run(grid, tiny_config)
+
+
+def test_weighting_key_swaps_the_rule_and_nothing_else(tiny_config):
+    from fedgo_flwr.weighting import WEIGHTINGS
+    base = tiny_config.replace(num_server_rounds=1)
+    records = {name: _run(base.replace(weighting=name, run_name=name))[0] for name in WEIGHTINGS}
+    odds = records["odds"]
+    for name, rec in records.items():
+        assert rec["pre_fl"] == odds["pre_fl"], name  # same G, same D_k
+        assert rec["rounds"][1]["clients"] == odds["rounds"][1]["clients"], name
+        assert rec["rounds"][1]["train_loss"] == odds["rounds"][1]["train_loss"], name
+    ensemble = {rec["rounds"][1]["ensemble_test_loss"] for rec in records.values()}
+    assert len(ensemble) == len(WEIGHTINGS)  # each rule gives its own ensemble

@@ -46,3 +46,40 @@ def test_odds_weights_bounded_by_the_double_sigmoid():
 def test_uniform_weights():
     w = WEIGHTINGS["uniform"](torch.randn(4, 3, 5), torch.rand(4, 3), torch.tensor([1., 2, 3, 4]))
     torch.testing.assert_close(w, torch.full((4, 3), 0.25))
+
+
+def test_variance_rule_by_hand():
+    logits = torch.tensor([[[1.0, -1.0]], [[3.0, -3.0]]])  # variances 1 and 9
+    w = WEIGHTINGS["variance"](logits, torch.zeros(2, 1), torch.ones(2))
+    torch.testing.assert_close(w, torch.tensor([[0.1], [0.9]]))
+
+
+def test_entropy_rule_by_hand():
+    from fedgo_flwr.weighting import weighting_rule
+    # client 0 is uniform over 2 classes (entropy log 2), client 1 certain-ish
+    logits = torch.tensor([[[0.0, 0.0]], [[20.0, 0.0]]])
+    h1 = -(torch.softmax(logits[1, 0], -1) * torch.log_softmax(logits[1, 0], -1)).sum()
+    for tau in (1.0, 2.0):
+        e = torch.exp(-torch.tensor([math.log(2), h1.item()]) / tau)
+        w = weighting_rule("entropy", entropy_tau=tau)(logits, torch.zeros(2, 1), torch.ones(2))
+        torch.testing.assert_close(w[:, 0], e / e.sum())
+
+
+def test_domain_aware_rule_by_hand():
+    d = torch.tensor([[0.6], [0.9]])
+    w = WEIGHTINGS["domain-aware"](torch.zeros(2, 1, 3), log_odds_of(d),
+                                   torch.tensor([1.0, 100.0]))  # n_k plays no part
+    torch.testing.assert_close(w, torch.tensor([[0.4], [0.6]]))
+
+
+def test_every_rule_sums_to_one_and_permutes_with_the_clients():
+    torch.manual_seed(0)
+    logits, log_odds = torch.randn(5, 7, 10), torch.rand(5, 7)
+    n = torch.tensor([5.0, 50.0, 500.0, 7.0, 70.0])
+    perm = torch.tensor([3, 0, 4, 1, 2])
+    for name, rule in WEIGHTINGS.items():
+        w = rule(logits, log_odds, n)
+        assert w.shape == (5, 7), name
+        torch.testing.assert_close(w.sum(0), torch.ones(7), msg=name)
+        assert (w >= 0).all(), name
+        torch.testing.assert_close(rule(logits[perm], log_odds[perm], n[perm]), w[perm], msg=name)

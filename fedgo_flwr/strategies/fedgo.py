@@ -19,7 +19,7 @@ from fedgo_flwr.strategies.base import ClientModel, FedAvgStrategy, ServerSetup
 from fedgo_flwr.strategies.clients import ClientDirectory, config_record, payload_bytes
 from fedgo_flwr.train import accuracy_and_loss, predict_logits
 from fedgo_flwr.results import RunRecord
-from fedgo_flwr.weighting import WEIGHTINGS
+from fedgo_flwr.weighting import weighting_rule
 
 TRAIN_DISCRIMINATOR = "train.discriminator"
 
@@ -39,7 +39,7 @@ class FedGO(FedAvgStrategy):
 
     def __init__(self, setup: ServerSetup, record: RunRecord):
         super().__init__(setup, record)
-        self.weighting = WEIGHTINGS[self.cfg.weighting]
+        self.weighting = weighting_rule(self.cfg.weighting, self.cfg.entropy_tau)
         self.views = 2 if self.cfg.flip else 1  # U as is, and mirrored
         self.row: dict[int, int] = {}  # partition id -> row of the cached odds
         self.u_log_odds = torch.empty(0)  # [K, V, |U|]
