@@ -36,6 +36,7 @@ class Config:
     flip: bool = True  # random horizontal flip of client data and U (paper, App. E.2)
     distill_size: int = 3000  # samples of U used for distillation; 0 = all of U
     test_size: int = 2000  # samples of the test split used for evaluation; 0 = all
+    val_size: int = 0  # labelled server images for FedDF's early stopping; 0 = off
     # --- main FL (Algorithm 2)
     num_server_rounds: int = 5
     fraction_train: float = 0.4  # C
@@ -48,6 +49,12 @@ class Config:
     weighting: str = "odds"  # client weighting rule of the ensemble (fedgo)
     entropy_tau: float = 1.0  # temperature of the entropy rule
     round_timeout: float = 3600.0
+    # --- FedDF's server update (Lin et al. 2020)
+    feddf_steps: int = 500  # step budget (1e4 in the paper)
+    feddf_batch_size: int = 128
+    feddf_eval_every: int = 100
+    feddf_patience: int = 1000  # steps without a better validation accuracy
+    feddf_clip_norm: float = 5.0
     # --- pre-FL stage (generator G1 and discriminators, Algorithm 3)
     generator_steps: int = 60  # WGAN-GP generator steps on U; 0 = randomly initialised G
     critic_steps: int = 5
@@ -118,12 +125,15 @@ class Config:
         _check("fraction-train", 0 < self.fraction_train <= 1, "must be in (0, 1]")
         for key in ("num-server-rounds", "batch-size", "server-batch-size",
                     "gan-batch-size", "latent-dim", "critic-steps", "generator-width",
-                    "discriminator-width"):
+                    "discriminator-width", "feddf-batch-size", "feddf-eval-every",
+                    "feddf-patience"):
             _check(key, getattr(self, key.replace("-", "_")) >= 1, "must be >= 1")
         for key in ("local-epochs", "server-epochs", "generator-steps",
-                    "discriminator-epochs", "distill-size", "test-size", "seed"):
+                    "discriminator-epochs", "distill-size", "test-size", "seed", "val-size",
+                    "feddf-steps"):
             _check(key, getattr(self, key.replace("-", "_")) >= 0, "must be >= 0")
-        for key in ("lr", "server-lr", "gan-lr", "discriminator-lr", "round-timeout", "entropy-tau"):
+        for key in ("lr", "server-lr", "gan-lr", "discriminator-lr", "round-timeout", "entropy-tau",
+                "feddf-clip-norm"):
             _check(key, getattr(self, key.replace("-", "_")) > 0, "must be > 0")
         _check("gp-weight", self.gp_weight >= 0, "must be >= 0")
 

@@ -13,7 +13,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
 from fedgo_flwr.config import Config
-from fedgo_flwr.data import load_dataset, server_data
+from fedgo_flwr.data import load_dataset, server_data, validation_data
 from fedgo_flwr.results import RunRecord, format_table
 from fedgo_flwr.strategies import STRATEGIES, ServerSetup
 from fedgo_flwr.train import resolve_device
@@ -38,9 +38,11 @@ def run(grid: Grid, cfg: Config) -> Path:
 
     data = load_dataset(cfg.dataset, cfg.data_path)
     u, test_x, test_y = server_data(cfg)
-    setup = ServerSetup(cfg, u, test_x, test_y, data.num_classes, resolve_device(cfg.server_device))
-    log(INFO, "server: |U| = %d unlabeled, %d test images, device %s", len(u), len(test_y),
-        setup.device)
+    val_x, val_y = validation_data(cfg)
+    setup = ServerSetup(cfg, u, test_x, test_y, data.num_classes,
+                        resolve_device(cfg.server_device), val_x, val_y)
+    log(INFO, "server: |U| = %d unlabeled, %d labelled validation, %d test images, device %s",
+        len(u), len(val_y), len(test_y), setup.device)
 
     strategy = STRATEGIES[cfg.strategy](setup, record)
     strategy.prepare(grid)

@@ -81,6 +81,26 @@ def distillation_indices(cfg) -> np.ndarray:
     return server
 
 
+def validation_indices(cfg) -> np.ndarray:
+    """A labelled validation split held by the server (FedDF's early stopping): `val-size`
+    seeded images of the server's half that are not in the distillation set."""
+    if cfg.val_size == 0:
+        return np.empty(0, dtype=np.int64)
+    _, server = split_indices(cfg.dataset, cfg.data_path, cfg.seed)
+    rest = np.setdiff1d(server, distillation_indices(cfg))
+    if cfg.val_size > len(rest):
+        raise ValueError(f"run-config key 'val-size' is {cfg.val_size}, but only {len(rest)} "
+                         "server images lie outside the distillation set; lower 'val-size' or "
+                         "'distill-size'")
+    return np.sort(np.random.default_rng(cfg.seed + 1).choice(rest, cfg.val_size, replace=False))
+
+
+def validation_data(cfg) -> tuple[torch.Tensor, torch.Tensor]:
+    data = load_dataset(cfg.dataset, cfg.data_path)
+    idx = torch.from_numpy(validation_indices(cfg))
+    return data.train_x[idx], data.train_y[idx]
+
+
 def server_data(cfg) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(U images, test images, test labels); labels of U are never handed out."""
     data = load_dataset(cfg.dataset, cfg.data_path)

@@ -36,6 +36,8 @@ class ServerSetup:
     test_y: torch.Tensor
     num_classes: int
     device: torch.device
+    val_x: torch.Tensor = torch.empty(0, dtype=torch.uint8)  # labelled validation split, if any
+    val_y: torch.Tensor = torch.empty(0, dtype=torch.long)
 
     @property
     def image_shape(self) -> tuple[int, int, int]:

@@ -12,12 +12,12 @@ from flwr.app import ArrayRecord, Message, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
-from fedgo_flwr.distill import cosine_lr, distill, ensemble_logits, pseudo_labels
+from fedgo_flwr.distill import cosine_lr, distill
 from fedgo_flwr.gan import log_odds, train_wgan_gp
 from fedgo_flwr.models import Critic, Discriminator, Generator
-from fedgo_flwr.strategies.base import ClientModel, FedAvgStrategy, ServerSetup
+from fedgo_flwr.strategies.base import ClientModel, ServerSetup
 from fedgo_flwr.strategies.clients import ClientDirectory, config_record, payload_bytes
-from fedgo_flwr.train import accuracy_and_loss, predict_logits
+from fedgo_flwr.strategies.ensemble import EnsembleDistillation
 from fedgo_flwr.results import RunRecord
 from fedgo_flwr.weighting import weighting_rule
 
@@ -34,16 +34,13 @@ def new_discriminator(cfg, image_shape) -> Discriminator:
     return Discriminator(c, h, cfg.discriminator_width)
 
 
-class FedGO(FedAvgStrategy):
-    has_ensemble = True
-
+class FedGO(EnsembleDistillation):
     def __init__(self, setup: ServerSetup, record: RunRecord):
-        super().__init__(setup, record)
-        self.weighting = weighting_rule(self.cfg.weighting, self.cfg.entropy_tau)
-        self.views = 2 if self.cfg.flip else 1  # U as is, and mirrored
+        super().__init__(setup, record,
+                         weighting_rule(setup.cfg.weighting, setup.cfg.entropy_tau))
         self.row: dict[int, int] = {}  # partition id -> row of the cached odds
-        self.u_log_odds = torch.empty(0)  # [K, V, |U|]
-        self.test_log_odds = torch.empty(0)  # [K, |test|]
+        self.cached_u_log_odds = torch.empty(0)  # [K, V, |U|]
+        self.cached_test_log_odds = torch.empty(0)  # [K, |test|]
 
     # ------------------------------------------------------------------ pre-FL stage
     def prepare(self, grid: Grid) -> None:
@@ -119,50 +116,30 @@ class FedGO(FedAvgStrategy):
         start = time.perf_counter()
         dev, u = self.setup.device, self.setup.u
         self.row = {p: i for i, p in enumerate(sorted(discriminators))}
-        self.u_log_odds = torch.stack([
+        self.cached_u_log_odds = torch.stack([
             torch.stack([log_odds(discriminators[p], u, device=dev, flip=v == 1)
                          for v in range(self.views)]) for p in self.row])
-        self.test_log_odds = torch.stack([
+        self.cached_test_log_odds = torch.stack([
             log_odds(discriminators[p], self.setup.test_x, device=dev) for p in self.row])
         self.record.time("odds", time.perf_counter() - start)
-        phi = self.u_log_odds.exp()
+        phi = self.cached_u_log_odds.exp()
         log(INFO, "pre-FL: odds on U cached for %d clients (Phi in [%.3f, %.3f], mean %.3f)",
             len(self.row), phi.min().item(), phi.max().item(), phi.mean().item())
 
     # ------------------------------------------------------------------ main FL
-    def server_update(self, server_round: int, averaged: dict[str, torch.Tensor],
-                      models: list[ClientModel]) -> dict[str, torch.Tensor]:
-        cfg, dev, u = self.cfg, self.setup.device, self.setup.u
-        entry = self.record.round(server_round)
-        start = time.perf_counter()
-        nets = []
-        for m in models:
-            net = self.setup.new_classifier()
-            net.load_state_dict(m.state)
-            nets.append(net)
-        rows = [self.row[m.partition_id] for m in models]
-        n_k = torch.tensor([m.num_examples for m in models], dtype=torch.float32)
-        targets = []
-        for v in range(self.views):  # pseudo-labels once per round, per view
-            logits = torch.stack([predict_logits(net, u, device=dev, flip=v == 1) for net in nets])
-            targets.append(pseudo_labels(logits, self.weighting(logits, self.u_log_odds[rows, v], n_k)))
-        self.record.time("pseudo_labelling", time.perf_counter() - start, server_round)
+    def u_log_odds(self, models: list[ClientModel], view: int) -> torch.Tensor:
+        return self.cached_u_log_odds[[self.row[m.partition_id] for m in models], view]
 
-        student = self.setup.new_classifier()
-        student.load_state_dict(averaged)
-        if cfg.server_epochs > 0:
-            info = distill(student, u, torch.stack(targets), epochs=cfg.server_epochs,
-                           batch_size=cfg.server_batch_size,
-                           lr=cosine_lr(cfg.server_lr, server_round, cfg.num_server_rounds),
-                           seed=cfg.seed * 1_000 + server_round, device=dev)
-            self.record.time("distillation", info["seconds"], server_round)
-            entry["distill_loss"] = info["distill_loss"]
+    def test_log_odds(self, models: list[ClientModel]) -> torch.Tensor:
+        return self.cached_test_log_odds[[self.row[m.partition_id] for m in models]]
 
-        # The ensemble itself, on the test split, with the same weighting rule.
-        start = time.perf_counter()
-        test_logits = torch.stack([predict_logits(net, self.setup.test_x, device=dev) for net in nets])
-        weights = self.weighting(test_logits, self.test_log_odds[rows], n_k)
-        acc, loss = accuracy_and_loss(ensemble_logits(test_logits, weights), self.setup.test_y)
-        entry.update(ensemble_test_acc=acc, ensemble_test_loss=loss)
-        self.record.time("evaluation", time.perf_counter() - start, server_round)
-        return {k: v.detach().cpu() for k, v in student.state_dict().items()}
+    def distill_student(self, server_round: int, student: torch.nn.Module,
+                        targets: torch.Tensor) -> dict | None:
+        """E_s epochs of Adam, the learning rate cosine-annealed over the T rounds."""
+        cfg = self.cfg
+        if cfg.server_epochs == 0:
+            return None
+        return distill(student, self.setup.u, targets, epochs=cfg.server_epochs,
+                       batch_size=cfg.server_batch_size,
+                       lr=cosine_lr(cfg.server_lr, server_round, cfg.num_server_rounds),
+                       seed=cfg.seed * 1_000 + server_round, device=self.setup.device)

@@ -1,0 +1,77 @@
+"""What every ensemble-distillation strategy does after averaging (Algorithm 1, lines 8-13):
+pseudo-label U once with a weighted ensemble of this round's client models, distill the
+averaged model on it, and evaluate the ensemble itself on the test split.
+
+Subclasses choose the weighting rule, the discriminator log-odds it sees (if any), and how
+the student is trained on the pseudo-labels.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from fedgo_flwr.distill import ensemble_logits, pseudo_labels
+from fedgo_flwr.strategies.base import ClientModel, FedAvgStrategy, ServerSetup
+from fedgo_flwr.results import RunRecord
+from fedgo_flwr.train import accuracy_and_loss, predict_logits
+from fedgo_flwr.weighting import WeightRule
+
+
+class EnsembleDistillation(FedAvgStrategy):
+    has_ensemble = True
+
+    def __init__(self, setup: ServerSetup, record: RunRecord, weighting: WeightRule):
+        super().__init__(setup, record)
+        self.weighting = weighting
+        self.views = 2 if self.cfg.flip else 1  # U as is, and mirrored
+
+    # --- what subclasses provide
+    def u_log_odds(self, models: list[ClientModel], view: int) -> torch.Tensor:
+        """log Phi_k on view `view` of U, [K, |U|]; rules without discriminators ignore it."""
+        return torch.zeros(len(models), len(self.setup.u))
+
+    def test_log_odds(self, models: list[ClientModel]) -> torch.Tensor:
+        return torch.zeros(len(models), len(self.setup.test_y))
+
+    def distill_student(self, server_round: int, student: torch.nn.Module,
+                        targets: torch.Tensor) -> dict | None:
+        """Train student on pseudo-labels [V, |U|, C]; returns at least distill_loss and
+        seconds, or None when no distillation step was taken."""
+        raise NotImplementedError
+
+    # --- the shared round
+    def server_update(self, server_round: int, averaged: dict[str, torch.Tensor],
+                      models: list[ClientModel]) -> dict[str, torch.Tensor]:
+        dev, u = self.setup.device, self.setup.u
+        entry = self.record.round(server_round)
+        start = time.perf_counter()
+        nets = []
+        for m in models:
+            net = self.setup.new_classifier()
+            net.load_state_dict(m.state)
+            nets.append(net)
+        n_k = torch.tensor([m.num_examples for m in models], dtype=torch.float32)
+        targets = []
+        for v in range(self.views):  # pseudo-labels once per round, per view
+            logits = torch.stack([predict_logits(net, u, device=dev, flip=v == 1) for net in nets])
+            weights = self.weighting(logits, self.u_log_odds(models, v), n_k)
+            targets.append(pseudo_labels(logits, weights))
+        self.record.time("pseudo_labelling", time.perf_counter() - start, server_round)
+
+        student = self.setup.new_classifier()
+        student.load_state_dict(averaged)
+        info = self.distill_student(server_round, student, torch.stack(targets))
+        if info is not None:
+            self.record.time("distillation", info.pop("seconds"), server_round)
+            entry.update(info)
+
+        start = time.perf_counter()
+        test_logits = torch.stack([predict_logits(net, self.setup.test_x, device=dev)
+                                   for net in nets])
+        weights = self.weighting(test_logits, self.test_log_odds(models), n_k)
+        acc, loss = accuracy_and_loss(ensemble_logits(test_logits, weights), self.setup.test_y)
+        entry.update(ensemble_test_acc=acc, ensemble_test_loss=loss)
+        self.record.time("evaluation", time.perf_counter() - start, server_round)
+        return {k: v.detach().cpu() for k, v in student.state_dict().items()}

@@ -1,0 +1,39 @@
+"""FedDF (Lin et al., 2020): ensemble distillation with UNIFORM weights. The student starts
+from this round's n_k-weighted average; the teacher is the softmax of the plain mean of the
+client logits; KL(teacher || student) at temperature 1; Adam with cosine annealing over a step
+budget, batch 128, gradient norm clipped at 5, and early stopping on a labelled validation
+split held by the server (`val-size`; off at 0), keeping the best checkpoint."""
+
+from __future__ import annotations
+
+from logging import INFO
+
+import torch
+from flwr.common.logger import log
+
+from fedgo_flwr.distill import distill_early_stopping
+from fedgo_flwr.results import RunRecord
+from fedgo_flwr.strategies.base import ServerSetup
+from fedgo_flwr.strategies.ensemble import EnsembleDistillation
+from fedgo_flwr.weighting import uniform_weights
+
+
+class FedDF(EnsembleDistillation):
+    def __init__(self, setup: ServerSetup, record: RunRecord):
+        super().__init__(setup, record, uniform_weights)
+        if len(setup.val_y) == 0:
+            log(INFO, "FedDF: val-size = 0, so no early stopping: every round runs "
+                "feddf-steps = %d steps", setup.cfg.feddf_steps)
+
+    def distill_student(self, server_round: int, student: torch.nn.Module,
+                        targets: torch.Tensor) -> dict | None:
+        cfg = self.cfg
+        if cfg.feddf_steps == 0:
+            return None
+        validation = (self.setup.val_x, self.setup.val_y) if len(self.setup.val_y) else None
+        return distill_early_stopping(
+            student, self.setup.u, targets, max_steps=cfg.feddf_steps,
+            batch_size=cfg.feddf_batch_size, lr=cfg.server_lr,
+            seed=cfg.seed * 1_000 + server_round, device=self.setup.device,
+            validation=validation, eval_every=cfg.feddf_eval_every,
+            patience=cfg.feddf_patience, clip_norm=cfg.feddf_clip_norm)
