@@ -1,4 +1,4 @@
-from fedgo_flwr.report import summary_table
+from fedgo_flwr.report import plot_rounds, summary_table
 from fedgo_flwr.results import format_table, round_line
 
 
@@ -15,8 +15,20 @@ def test_table_and_progress_line_show_what_each_round_has():
 
 
 def test_summary_table_mean_and_std_over_seeds():
-    recs = [{"config": {"strategy": "fedgo", "alpha": 0.1, "seed": s},
-             "rounds": [{"round": 10, "server_test_acc": acc, "ensemble_test_acc": acc}]}
+    recs = [{"config": {"strategy": "fedgo", "alpha": 0.1, "seed": s, "weighting": "odds"},
+             "rounds": [{"round": 9, "server_test_acc": acc - 0.1},
+                        {"round": 10, "server_test_acc": acc, "ensemble_test_acc": acc}]}
             for s, acc in ((0, 0.70), (1, 0.80))]
     row = summary_table(recs).splitlines()[2]
-    assert row == "| fedgo | 0.1 | 0,1 | 10 | 75.00 ± 7.07 | 75.00 ± 7.07 |"
+    assert row == "| fedgo | 0.1 | 0,1 | 10 | 75.00 ± 7.07 | 70.00 ± 7.07 | 75.00 ± 7.07 |"
+    recs[1]["config"]["weighting"] = "uniform"
+    names = [line.split("|")[1].strip() for line in summary_table(recs).splitlines()[2:]]
+    assert names == ["fedgo", "fedgo[uniform]"]
+
+
+def test_plot_writes_a_png(tmp_path):
+    recs = [{"config": {"strategy": "fedavg", "alpha": 0.1, "seed": s},
+             "rounds": [{"round": t, "server_test_acc": 0.1 * t + 0.01 * s} for t in range(4)]}
+            for s in range(3)]
+    path = plot_rounds(recs, tmp_path / "p.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
