@@ -68,6 +68,7 @@ class Config:
     discriminator_lr: float = 2e-4
     # --- where server work runs
     server_device: str = "auto"
+    server_amp: bool = True  # bf16 mixed precision for server forward passes on a GPU
 
     @classmethod
     def from_run_config(cls, run_config: Mapping[str, Any]) -> "Config":

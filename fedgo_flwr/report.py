@@ -4,15 +4,17 @@
                                 [--metric server_test_acc] [--by strategy]
 
 prints, per (strategy, weighting, alpha), the mean and std over seeds of the last round's
-server and ensemble test accuracy and of the server accuracy averaged over the last three
-rounds, as a markdown table; --plot draws `--metric` against the round, one line per value of
-`--by` (a config key) with a band of one std over seeds.
+server and ensemble test accuracy, of the server accuracy averaged over the last three
+rounds, and the rounds to reach the paper's target (the highest multiple of 5 % that FedAvg
+reaches in every seed), as a markdown table; --plot draws `--metric` against the round, one
+line per value of `--by` (a config key) with a band of one std over seeds.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 from collections import defaultdict
@@ -39,21 +41,51 @@ def label(rec: dict) -> str:
     return c["strategy"]
 
 
+def fedavg_target(records: list[dict], metric: str = "server_test_acc") -> float | None:
+    """The paper's target accuracy: the highest multiple of 5 % that FedAvg reaches in every
+    seed (None without FedAvg records)."""
+    best = [max(r[metric] for r in rec["rounds"]) for rec in records
+            if rec["config"]["strategy"] == "fedavg"]
+    if not best:
+        return None
+    target = 5 * math.floor(100 * min(best) / 5 + 1e-9) / 100
+    return target if target > 0 else None
+
+
+def rounds_to_target(records: list[dict], target: float, metric: str = "server_test_acc") -> str:
+    """Mean ± std over seeds of the first round whose metric reaches the target."""
+    reached = [next((r["round"] for r in rec["rounds"] if r[metric] >= target - 1e-9), None)
+               for rec in records]
+    hits = [t for t in reached if t is not None]
+    if not hits:
+        return "not reached"
+    std = statistics.stdev(hits) if len(hits) > 1 else 0.0
+    text = f"{statistics.mean(hits):.1f} ± {std:.1f}"
+    return text if len(hits) == len(reached) else f"{text} ({len(hits)}/{len(reached)} seeds)"
+
+
 def summary_table(records: list[dict]) -> str:
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for rec in records:
         groups[(label(rec), rec["config"]["alpha"])].append(rec)
+    targets = {alpha: fedavg_target([r for r in records if r["config"]["alpha"] == alpha])
+               for _, alpha in groups}
     lines = ["| strategy | alpha | seeds | rounds | server test acc (%) | "
-             "server acc, mean of last 3 rounds (%) | ensemble test acc (%) |",
-             "|---|---|---|---|---|---|---|"]
+             "server acc, mean of last 3 rounds (%) | ensemble test acc (%) | "
+             "rounds to target (target) |",
+             "|---|---|---|---|---|---|---|---|"]
     for (name, alpha), recs in sorted(groups.items()):
         last = [r["rounds"][-1] for r in recs]
         server = [x["server_test_acc"] for x in last]
         last3 = [statistics.mean(x["server_test_acc"] for x in r["rounds"][-3:]) for r in recs]
         ensemble = [x["ensemble_test_acc"] for x in last if "ensemble_test_acc" in x]
         seeds = ",".join(str(r["config"]["seed"]) for r in recs)
+        target = targets[alpha]
+        to_target = (f"{rounds_to_target(recs, target)} ({100 * target:.0f}%)"
+                     if target is not None else "-")
         lines.append(f"| {name} | {alpha:g} | {seeds} | {last[0]['round']} | "
-                     f"{mean_std(server)} | {mean_std(last3)} | {mean_std(ensemble)} |")
+                     f"{mean_std(server)} | {mean_std(last3)} | {mean_std(ensemble)} | "
+                     f"{to_target} |")
     return "\n".join(lines)
 
 

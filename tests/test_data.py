@@ -36,6 +36,13 @@ def test_dirichlet_partitions_cover_the_pool_disjointly_and_are_seeded():
     assert np.median(top_share) > 0.5
 
 
+def test_impossible_dirichlet_split_names_alpha_and_the_clients():
+    labels = np.arange(3000) % 10
+    with pytest.warns(UserWarning), pytest.raises(ValueError) as err:
+        dirichlet_partitions(labels, 250, alpha=0.05, seed=0)
+    assert "'alpha'" in str(err.value) and "250 clients" in str(err.value)
+
+
 def test_partition_seed_is_independent_of_alpha(tiny_config):
     a = client_indices(tiny_config, 0, 4)
     b = client_indices(tiny_config.replace(partition_seed=11), 0, 4)

@@ -10,7 +10,7 @@ from conftest import tiny_images
 from fedgo_flwr.data import client_indices, distillation_indices, validation_indices
 from fedgo_flwr.distill import distill_early_stopping
 from fedgo_flwr.train import evaluate
-from inprocess import InProcessGrid
+from fedgo_flwr.inprocess import InProcessGrid
 from server_app.app import run
 
 CPU = torch.device("cpu")

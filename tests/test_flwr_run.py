@@ -10,7 +10,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import yaml
+
 from conftest import REPO
+from fedgo_flwr import bench
 
 
 def _free_port() -> int:
@@ -32,34 +36,42 @@ def _superlink_pids(flwr_home: Path) -> list[int]:
     return pids
 
 
-def test_flwr_run_completes_and_writes_the_record(tiny_data_dir, tmp_path):
-    flwr_home, results = tmp_path / "flwr-home", tmp_path / "results"
+@pytest.fixture
+def isolated_flwr(tmp_path, monkeypatch):
+    """Environment of a private local SuperLink (own FLWR_HOME and ports), stopped afterwards."""
+    flwr_home = tmp_path / "flwr-home"
     bindir = Path(sys.executable).parent
-    env = {**os.environ, "FLWR_HOME": str(flwr_home),
+    env = {"FLWR_HOME": str(flwr_home),
            "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(_free_port()),
            "FLWR_LOCAL_CONTROL_API_PORT": str(_free_port()),
            "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
            "PATH": f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    yield {**os.environ, **env}
+    for pid in _superlink_pids(flwr_home):
+        os.kill(pid, signal.SIGTERM)
+
+
+def test_flwr_run_completes_and_writes_the_record(tiny_data_dir, tmp_path, isolated_flwr):
+    env, results = isolated_flwr, tmp_path / "results"
+    bindir = Path(sys.executable).parent
     overrides = (f'data-dir="{tiny_data_dir}" results-dir="{results}" run-name="real" '
                  "num-server-rounds=2 fraction-train=0.5 local-epochs=1 server-epochs=1 "
                  "generator-steps=2 generator-width=8 discriminator-width=8 "
                  "discriminator-epochs=1 distill-size=0 alpha=0.5")
-    try:
-        run = subprocess.run(
-            [str(bindir / "flwr"), "run", str(REPO), "--stream", "--federation-config",
-             "num-supernodes=3 client-resources-num-cpus=1", "-c", overrides],
-            env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
-        out = run.stdout + run.stderr
-        run_id = re.search(r"Successfully started run (\d+)", out)
-        assert run_id, out[-3000:]
-        listing = subprocess.run(
-            [str(bindir / "flwr"), "list", "--run-id", run_id.group(1), "--format", "json"],
-            env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
-        status = json.loads(listing.stdout)["runs"][0]["status"]
-        assert status == "finished:completed", out[-3000:]
-    finally:
-        for pid in _superlink_pids(flwr_home):
-            os.kill(pid, signal.SIGTERM)
+    run = subprocess.run(
+        [str(bindir / "flwr"), "run", str(REPO), "--stream", "--federation-config",
+         "num-supernodes=3 client-resources-num-cpus=1", "-c", overrides],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    out = run.stdout + run.stderr
+    run_id = re.search(r"Successfully started run (\d+)", out)
+    assert run_id, out[-3000:]
+    listing = subprocess.run(
+        [str(bindir / "flwr"), "list", "--run-id", run_id.group(1), "--format", "json"],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    status = json.loads(listing.stdout)["runs"][0]["status"]
+    assert status == "finished:completed", out[-3000:]
 
     record = json.loads((results / "real" / "record.json").read_text())
     assert record["config"]["strategy"] == "fedgo"
@@ -69,3 +81,29 @@ def test_flwr_run_completes_and_writes_the_record(tiny_data_dir, tmp_path):
     assert record["bytes"]["pre_fl_down"] > 0
     assert (results / "real" / "model.pt").is_file()
     assert "round 2 | server acc" in out  # progress lines reach the user
+
+
+def test_bench_plan_runs_every_cell_resumes_and_reports(tiny_data_dir, tmp_path, isolated_flwr,
+                                                        capsys):
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(yaml.safe_dump({
+        "name": "tiny", "federation": {"num-supernodes": 3, "client-resources-num-cpus": 1},
+        "config": {"data-dir": str(tiny_data_dir), "num-server-rounds": 2,
+                   "fraction-train": 0.5, "test-size": 0},
+        "alphas": [0.5], "seeds": [0, 1], "cells": ["fedavg"]}))
+    out = tmp_path / "bench"
+    assert bench.main([str(plan), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "[bench 2/2 fedavg-a0.5-s1] finished" in printed
+    assert "round 2 | server acc" in printed  # the runs' progress reaches the user
+    records = [json.loads((out / f"fedavg-a0.5-s{s}" / "record.json").read_text())
+               for s in (0, 1)]
+    assert [r["config"]["seed"] for r in records] == [0, 1]
+    assert all(len(r["rounds"]) == 3 for r in records)
+    assert records[0]["rounds"][-1] != records[1]["rounds"][-1]  # the seeds differ
+    table = (out / "table.md").read_text()
+    assert "| fedavg | 0.5 | 0,1 | 2 |" in table
+    assert (out / "server_test_acc-a0.5.png").read_bytes()[:4] == b"\x89PNG"
+
+    assert bench.main([str(plan), "--out", str(out)]) == 0  # resumes: nothing left to run
+    assert "2 cells, 2 finished, 0 to run" in capsys.readouterr().out

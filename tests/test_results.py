@@ -1,4 +1,4 @@
-from fedgo_flwr.report import plot_rounds, summary_table
+from fedgo_flwr.report import fedavg_target, plot_rounds, rounds_to_target, summary_table
 from fedgo_flwr.results import format_table, round_line
 
 
@@ -20,10 +20,29 @@ def test_summary_table_mean_and_std_over_seeds():
                         {"round": 10, "server_test_acc": acc, "ensemble_test_acc": acc}]}
             for s, acc in ((0, 0.70), (1, 0.80))]
     row = summary_table(recs).splitlines()[2]
-    assert row == "| fedgo | 0.1 | 0,1 | 10 | 75.00 ± 7.07 | 70.00 ± 7.07 | 75.00 ± 7.07 |"
+    assert row == "| fedgo | 0.1 | 0,1 | 10 | 75.00 ± 7.07 | 70.00 ± 7.07 | 75.00 ± 7.07 | - |"
     recs[1]["config"]["weighting"] = "uniform"
     names = [line.split("|")[1].strip() for line in summary_table(recs).splitlines()[2:]]
     assert names == ["fedgo", "fedgo[uniform]"]
+
+
+def curve(strategy: str, seed: int, accs: list[float]) -> dict:
+    return {"config": {"strategy": strategy, "alpha": 0.1, "seed": seed},
+            "rounds": [{"round": t, "server_test_acc": a} for t, a in enumerate(accs)]}
+
+
+def test_target_is_the_highest_multiple_of_5_fedavg_reaches_in_every_seed():
+    fedavg = [curve("fedavg", 0, [0.1, 0.52, 0.68, 0.66]), curve("fedavg", 1, [0.1, 0.6, 0.651])]
+    assert fedavg_target(fedavg) == 0.65
+    assert fedavg_target([curve("fedgo", 0, [0.1, 0.9])]) is None
+    fedgo = [curve("fedgo", 0, [0.1, 0.66, 0.7]), curve("fedgo", 1, [0.1, 0.5, 0.65]),
+             curve("fedgo", 2, [0.1, 0.5, 0.6])]
+    assert rounds_to_target(fedgo[:2], 0.65) == "1.5 ± 0.7"
+    assert rounds_to_target(fedgo, 0.65) == "1.5 ± 0.7 (2/3 seeds)"
+    assert rounds_to_target(fedgo[2:], 0.65) == "not reached"
+    rows = summary_table(fedavg + fedgo).splitlines()[2:]
+    assert rows[0].endswith("| 2.0 ± 0.0 (65%) |") and rows[0].startswith("| fedavg |")
+    assert rows[1].endswith("| 1.5 ± 0.7 (2/3 seeds) (65%) |")
 
 
 def test_plot_writes_a_png(tmp_path):

@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from client_app.app import app as client_app
-from inprocess import InProcessGrid
+from fedgo_flwr.inprocess import InProcessGrid
 from server_app.app import run
 
 

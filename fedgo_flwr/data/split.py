@@ -34,5 +34,11 @@ def dirichlet_partitions(labels: np.ndarray, num_partitions: int, alpha: float,
     # that carries each row's index, and read that column back.
     rows = Dataset.from_dict({"label": labels.astype(np.int64), "row": np.arange(len(labels))})
     partitioner.dataset = rows
-    return [np.asarray(partitioner.load_partition(k)["row"], dtype=np.int64)
-            for k in range(num_partitions)]
+    try:
+        return [np.asarray(partitioner.load_partition(k)["row"], dtype=np.int64)
+                for k in range(num_partitions)]
+    except ValueError as err:  # it gives up after 10 Dirichlet draws with a too-small share
+        raise ValueError(
+            f"Dirichlet(alpha={alpha}) could not give each of {num_partitions} clients at "
+            f"least {min_size} of {len(labels)} samples in 10 draws: raise 'alpha' or use "
+            f"fewer clients (the federation's num-supernodes)") from err

@@ -24,6 +24,7 @@ from fedgo_flwr.models import create_classifier
 from fedgo_flwr.results import RunRecord, round_line
 from fedgo_flwr.strategies.clients import (ClientDirectory, config_record, discover_clients,
                                            payload_bytes, reply_problem, sample_partitions)
+from fedgo_flwr.teachers import server_autocast
 from fedgo_flwr.train import evaluate
 
 
@@ -38,6 +39,10 @@ class ServerSetup:
     device: torch.device
     val_x: torch.Tensor = torch.empty(0, dtype=torch.uint8)  # labelled validation split, if any
     val_y: torch.Tensor = torch.empty(0, dtype=torch.long)
+
+    @property
+    def amp(self) -> bool:
+        return self.cfg.server_amp and self.device.type == "cuda"
 
     @property
     def image_shape(self) -> tuple[int, int, int]:
@@ -163,7 +168,9 @@ class FedAvgStrategy(FedAvg):
         start = time.perf_counter()
         model = self.setup.new_classifier()
         model.load_state_dict(arrays.to_torch_state_dict())
-        acc, loss = evaluate(model, self.setup.test_x, self.setup.test_y, device=self.setup.device)
+        with server_autocast(self.setup.device, self.setup.amp):
+            acc, loss = evaluate(model, self.setup.test_x, self.setup.test_y,
+                                 device=self.setup.device)
         entry = self.record.round(server_round)
         entry.update(server_test_acc=acc, server_test_loss=loss)
         self.record.time("evaluation", time.perf_counter() - start, server_round or None)

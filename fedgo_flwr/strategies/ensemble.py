@@ -12,10 +12,11 @@ import time
 
 import torch
 
-from fedgo_flwr.distill import ensemble_logits, pseudo_labels
+from fedgo_flwr.distill import ensemble_logits, view_pseudo_labels
 from fedgo_flwr.strategies.base import ClientModel, FedAvgStrategy, ServerSetup
 from fedgo_flwr.results import RunRecord
-from fedgo_flwr.train import accuracy_and_loss, predict_logits
+from fedgo_flwr.teachers import teacher_logits
+from fedgo_flwr.train import accuracy_and_loss
 from fedgo_flwr.weighting import WeightRule
 
 
@@ -53,23 +54,20 @@ class EnsembleDistillation(FedAvgStrategy):
             net.load_state_dict(m.state)
             nets.append(net)
         n_k = torch.tensor([m.num_examples for m in models], dtype=torch.float32)
-        targets = []
-        for v in range(self.views):  # pseudo-labels once per round, per view
-            logits = torch.stack([predict_logits(net, u, device=dev, flip=v == 1) for net in nets])
-            weights = self.weighting(logits, self.u_log_odds(models, v), n_k)
-            targets.append(pseudo_labels(logits, weights))
+        targets = view_pseudo_labels(  # once per round, not once per epoch
+            nets, u, n_k, self.weighting, lambda v: self.u_log_odds(models, v),
+            views=self.views, device=dev, amp=self.setup.amp)
         self.record.time("pseudo_labelling", time.perf_counter() - start, server_round)
 
         student = self.setup.new_classifier()
         student.load_state_dict(averaged)
-        info = self.distill_student(server_round, student, torch.stack(targets))
+        info = self.distill_student(server_round, student, targets)
         if info is not None:
             self.record.time("distillation", info.pop("seconds"), server_round)
             entry.update(info)
 
         start = time.perf_counter()
-        test_logits = torch.stack([predict_logits(net, self.setup.test_x, device=dev)
-                                   for net in nets])
+        test_logits = teacher_logits(nets, self.setup.test_x, device=dev, amp=self.setup.amp)
         weights = self.weighting(test_logits, self.test_log_odds(models), n_k)
         acc, loss = accuracy_and_loss(ensemble_logits(test_logits, weights), self.setup.test_y)
         entry.update(ensemble_test_acc=acc, ensemble_test_loss=loss)

@@ -36,4 +36,4 @@ class FedDF(EnsembleDistillation):
             batch_size=cfg.feddf_batch_size, lr=cfg.server_lr,
             seed=cfg.seed * 1_000 + server_round, device=self.setup.device,
             validation=validation, eval_every=cfg.feddf_eval_every,
-            patience=cfg.feddf_patience, clip_norm=cfg.feddf_clip_norm)
+            patience=cfg.feddf_patience, clip_norm=cfg.feddf_clip_norm, amp=self.setup.amp)

@@ -142,4 +142,5 @@ class FedGO(EnsembleDistillation):
         return distill(student, self.setup.u, targets, epochs=cfg.server_epochs,
                        batch_size=cfg.server_batch_size,
                        lr=cosine_lr(cfg.server_lr, server_round, cfg.num_server_rounds),
-                       seed=cfg.seed * 1_000 + server_round, device=self.setup.device)
+                       seed=cfg.seed * 1_000 + server_round, device=self.setup.device,
+                       amp=self.setup.amp)

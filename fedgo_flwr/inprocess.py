@@ -1,6 +1,7 @@
-"""An in-process Grid for tests: the real ServerApp and ClientApp code, with messages handed
-straight to `client_app(message, context)` instead of travelling through a SuperLink. The real
-runtime (SuperLink + Ray) is exercised by tests/test_flwr_run.py."""
+"""An in-process Grid for tests and the performance benchmark: the real ServerApp and
+ClientApp code, with messages handed straight to `client_app(message, context)` one after the
+other instead of travelling through a SuperLink. The real runtime (SuperLink + Ray) is what
+`flwr run` uses and what tests/test_flwr_run.py exercises."""
 
 from __future__ import annotations
 

@@ -1,0 +1,220 @@
+"""Benchmark plans: a grid of real `flwr run`s described by a YAML plan, resumable, summarised
+as a markdown table and plots.
+
+    python -m fedgo_flwr.bench conf/bench/fmnist.yaml [--out DIR] [--dry-run]
+
+A plan (see conf/bench/) has the keys
+  name        names the default output folder, results/bench/<name>
+  preset      a TOML preset (partial run config), relative to the repository root
+  config      run-config keys set in every cell, over the preset
+  federation  the simulation federation, e.g. {num-supernodes: 20, client-resources-num-cpus: 1}
+  alphas      Dirichlet alphas;  seeds: seeds
+  cells       a strategy name, or a mapping of run-config keys with an optional `name` and
+              `preset` (a TOML preset of the cell's own, under its keys and over `config`)
+Every cell x alpha x seed is one `flwr run` through the local SuperLink and Ray, named
+<cell>-a<alpha>-s<seed>; its record lands in <out>/<run name>/record.json and its log in
+<out>/logs/. Every cell's config is validated before anything runs. A cell whose record
+exists with the same config is not run again, so an interrupted plan resumes; a record made
+with another config stops the plan rather than mixing results. At the end <out>/table.md and
+one plot per alpha and metric are written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from fedgo_flwr.config import Config, ConfigError
+from fedgo_flwr.report import load_records, plot_rounds, summary_table
+
+REPO = Path(__file__).resolve().parents[1]
+PLAN_KEYS = ("name", "preset", "config", "federation", "alphas", "seeds", "cells")
+# Where a record may differ from the cell that made it and still stand for it.
+PLACEMENT_KEYS = ("results-dir", "run-name")
+PROGRESS = re.compile(r"(round \d+ \||pre-FL: (generator step \d+0/|sending|odds)|ERROR|rejected)")
+PLOT_METRICS = ("server_test_acc", "ensemble_test_acc")
+
+
+class PlanError(ValueError):
+    """The plan file is malformed."""
+
+
+@dataclass(frozen=True)
+class Cell:
+    run_name: str
+    run_config: dict  # the full resolved run config
+
+
+def load_plan(path: Path) -> dict:
+    plan = yaml.safe_load(Path(path).read_text()) or {}
+    if not isinstance(plan, dict):
+        raise PlanError(f"{path}: a plan is a mapping with keys {', '.join(PLAN_KEYS)}")
+    unknown = sorted(set(plan) - set(PLAN_KEYS))
+    if unknown:
+        raise PlanError(f"{path}: unknown plan key(s) {unknown}; allowed: {', '.join(PLAN_KEYS)}")
+    for key in ("cells", "seeds", "alphas"):
+        if not isinstance(plan.get(key), list) or not plan[key]:
+            raise PlanError(f"{path}: '{key}' must be a non-empty list")
+    if "num-supernodes" not in (plan.get("federation") or {}):
+        raise PlanError(f"{path}: 'federation' must set num-supernodes (the number of clients K)")
+    return plan
+
+
+def read_preset(path: str | None) -> dict:
+    return tomllib.loads((REPO / path).read_text()) if path else {}
+
+
+def cells_of(plan: dict, out: Path) -> list[Cell]:
+    """Every cell x alpha x seed with its resolved, validated run config."""
+    base = {**read_preset(plan.get("preset")), **(plan.get("config") or {})}
+    cells = []
+    for seed in plan["seeds"]:
+        for alpha in plan["alphas"]:
+            for spec in plan["cells"]:
+                if isinstance(spec, str):
+                    spec = {"strategy": spec}
+                if not isinstance(spec, dict):
+                    raise PlanError(f"a cell is a strategy name or a mapping, got {spec!r}")
+                keys = {k: v for k, v in spec.items() if k not in ("name", "preset")}
+                name = spec.get("name") or "-".join(
+                    str(keys[k]) for k in ("strategy", "weighting") if k in keys) or "cell"
+                run_name = f"{name}-a{alpha:g}-s{seed}"
+                merged = {**base, **read_preset(spec.get("preset")), **keys, "alpha": alpha,
+                          "seed": seed, "results-dir": str(out), "run-name": run_name}
+                try:
+                    cfg = Config.from_run_config(merged)
+                except ConfigError as err:
+                    raise PlanError(f"cell {run_name}: {err}") from err
+                cells.append(Cell(run_name, cfg.to_run_config()))
+    names = [c.run_name for c in cells]
+    if len(set(names)) != len(names):
+        raise PlanError("two cells share a name: give them distinct `name`s")
+    return cells
+
+
+def finished(cell: Cell, out: Path) -> bool:
+    path = out / cell.run_name / "record.json"
+    if not path.exists():
+        return False
+    recorded = json.loads(path.read_text())["config"]
+    differ = sorted(k for k in set(recorded) | set(cell.run_config)
+                    if k not in PLACEMENT_KEYS and recorded.get(k) != cell.run_config.get(k))
+    if differ:
+        raise PlanError(f"{path} was made with another config (keys {differ}); move it away "
+                        f"or choose another --out")
+    return True
+
+
+def toml_text(run_config: dict) -> str:
+    def value(v):
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        return json.dumps(v) if isinstance(v, str) else repr(v)
+
+    return "".join(f"{k} = {value(v)}\n" for k, v in run_config.items())
+
+
+def flwr_command() -> str:
+    local = Path(sys.executable).with_name("flwr")
+    return str(local) if local.exists() else "flwr"
+
+
+def run_cell(cell: Cell, federation: dict, out: Path, tag: str) -> None:
+    """One real `flwr run`, its progress lines echoed, its status checked."""
+    logs = out / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    log_path = logs / f"{cell.run_name}.log"
+    fed = " ".join(f"{k}={v}" for k, v in federation.items())
+    # `flwr run` launches `flower-superlink` from PATH: put this interpreter's scripts first so an
+    # unactivated virtual environment (`.venv/bin/python -m ...`) still finds its own.
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    env = {**os.environ, "PATH": path, "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}
+    with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as f:
+        f.write(toml_text(cell.run_config))
+    try:
+        cmd = [flwr_command(), "run", str(REPO), "--stream", "--federation-config", fed,
+               "-c", f.name]
+        run_id = None
+        with open(log_path, "w") as log, subprocess.Popen(
+                cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                text=True) as proc:
+            for line in proc.stdout:
+                log.write(line)
+                started = re.search(r"Successfully started run (\d+)", line)
+                run_id = started.group(1) if started else run_id
+                if PROGRESS.search(line):
+                    print(f"{tag} {line.split(':', 1)[-1].strip()}", flush=True)
+    finally:
+        os.unlink(f.name)
+    status = "did not start"
+    if run_id:
+        listing = subprocess.run([flwr_command(), "list", "--run-id", run_id, "--format",
+                                  "json"], cwd=REPO, env=env, capture_output=True, text=True)
+        try:
+            status = json.loads(listing.stdout)["runs"][0]["status"]
+        except (ValueError, KeyError, IndexError):
+            status = f"unknown ({listing.stdout[-300:]}{listing.stderr[-300:]})"
+    if status != "finished:completed" or not (out / cell.run_name / "record.json").exists():
+        raise RuntimeError(f"{cell.run_name}: flwr run {status}; see {log_path}")
+
+
+def write_report(out: Path, alphas: list) -> str:
+    records = [r for r in load_records(out) if r["config"]["alpha"] in alphas]
+    table = summary_table(records)
+    (out / "table.md").write_text(table + "\n")
+    for alpha in alphas:
+        subset = [r for r in records if r["config"]["alpha"] == alpha]
+        for metric in PLOT_METRICS:
+            if any(metric in x for r in subset for x in r["rounds"]):
+                plot_rounds(subset, out / f"{metric}-a{alpha:g}.png", metric,
+                            title=f"{metric.replace('_', ' ')}, alpha = {alpha:g}")
+    return table
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("plan", type=Path)
+    parser.add_argument("--out", type=Path, help="default: results/bench/<plan name>")
+    parser.add_argument("--dry-run", action="store_true", help="list the cells and stop")
+    args = parser.parse_args(argv)
+    try:
+        plan = load_plan(args.plan)
+        out = (args.out or REPO / "results" / "bench" / plan.get("name", args.plan.stem)).resolve()
+        cells = cells_of(plan, out)
+        todo = [c for c in cells if not finished(c, out)]
+    except (PlanError, OSError, yaml.YAMLError, tomllib.TOMLDecodeError) as err:
+        print(f"[bench] bad plan: {err}", file=sys.stderr)
+        return 2
+    print(f"[bench] {args.plan}: {len(cells)} cells, {len(cells) - len(todo)} finished, "
+          f"{len(todo)} to run -> {out}", flush=True)
+    if args.dry_run:
+        for c in cells:
+            print(f"  {'done' if c not in todo else 'todo'}  {c.run_name}")
+        return 0
+    start = time.perf_counter()
+    for i, cell in enumerate(todo, 1):
+        tag = f"[bench {i}/{len(todo)} {cell.run_name}]"
+        print(f"{tag} started", flush=True)
+        cell_start = time.perf_counter()
+        run_cell(cell, plan["federation"], out, tag)
+        per_cell = (time.perf_counter() - start) / i
+        print(f"{tag} finished in {time.perf_counter() - cell_start:.0f} s; about "
+              f"{per_cell * (len(todo) - i) / 60:.0f} min left", flush=True)
+    table = write_report(out, plan["alphas"])
+    print(f"\n{table}\n\n[bench] table and plots in {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,66 @@
+"""The round's client models as the teacher: logits of every model on a set of images, either
+stacked (parameters stacked and one vmapped forward per batch, torch.func) or model by model,
+with bf16 mixed precision on a GPU."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+
+import torch
+from torch import nn
+from torch.func import functional_call, stack_module_state
+
+from fedgo_flwr.train import apply_in_batches, predict_logits
+
+# Samples times models per stacked forward: the activation memory of one batch of 1024
+# through a single model, whatever the number of teachers.
+MODEL_SAMPLES_PER_BATCH = 1024
+
+
+def server_autocast(device: torch.device, enabled: bool = True):
+    """bf16 autocast for server forward passes on a GPU; nothing on the CPU."""
+    if enabled and device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+@torch.no_grad()
+def stacked_logits(nets: list[nn.Module], x: torch.Tensor, *, device: torch.device,
+                   flip: bool = False, amp: bool = False) -> torch.Tensor:
+    """f(x; theta_k) of every net, [K, N, C], in one vmapped forward per batch; the nets share
+    one architecture and run in eval mode (BatchNorm running statistics)."""
+    for net in nets:
+        net.to(device).eval()
+    params, buffers = stack_module_state(nets)
+    skeleton = copy.deepcopy(nets[0]).to("meta")
+
+    def one(p, b, xb):
+        return functional_call(skeleton, (p, b), (xb,))
+
+    every_net = torch.vmap(one, in_dims=(0, 0, None))
+
+    def forward(xb: torch.Tensor) -> torch.Tensor:
+        with server_autocast(device, amp):
+            return every_net(params, buffers, xb).transpose(0, 1)  # [B, K, C]
+
+    batch = max(1, MODEL_SAMPLES_PER_BATCH // len(nets))
+    return apply_in_batches(forward, x, device=device, flip=flip,
+                            batch_size=batch).transpose(0, 1).contiguous()
+
+
+def teacher_logits(nets: list[nn.Module], x: torch.Tensor, *, device: torch.device,
+                   flip: bool = False, amp: bool = False,
+                   stacked: bool | None = None) -> torch.Tensor:
+    """f(x; theta_k) of every net, [K, N, C]. By default stacked on a GPU, where one forward
+    replaces K small kernel launches per layer, and model by model on the CPU, where the work
+    is compute-bound and the stacked (grouped) convolutions measured slower; `python -m
+    fedgo_flwr.perf` prints both on the machine at hand."""
+    if not nets:
+        raise ValueError("teacher_logits needs at least one model")
+    if stacked is None:
+        stacked = device.type == "cuda"
+    if stacked:
+        return stacked_logits(nets, x, device=device, flip=flip, amp=amp)
+    with server_autocast(device, amp):
+        return torch.stack([predict_logits(net, x, device=device, flip=flip) for net in nets])

@@ -1,0 +1,69 @@
+import json
+import tomllib
+
+import pytest
+import yaml
+
+from fedgo_flwr.bench import PlanError, cells_of, finished, load_plan, main, toml_text
+from fedgo_flwr.config import Config
+
+PLAN = {"name": "t", "preset": "conf/fmnist-compare.toml", "config": {"num-server-rounds": 3},
+        "federation": {"num-supernodes": 20}, "alphas": [0.1, 0.05], "seeds": [0, 1],
+        "cells": ["fedavg", {"strategy": "fedgo", "weighting": "uniform"},
+                  {"name": "feddf-es", "preset": "conf/feddf.toml",
+                   "num-server-rounds": 4}]}
+
+
+def write_plan(tmp_path, **changes):
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump({**PLAN, **changes}))
+    return path
+
+
+def test_cells_cover_the_grid_with_preset_config_and_cell_keys_layered(tmp_path):
+    cells = cells_of(load_plan(write_plan(tmp_path)), tmp_path)
+    assert len(cells) == 3 * 2 * 2
+    by_name = {c.run_name: c.run_config for c in cells}
+    fedavg = by_name["fedavg-a0.05-s1"]
+    assert (fedavg["strategy"], fedavg["alpha"], fedavg["seed"]) == ("fedavg", 0.05, 1)
+    assert fedavg["num-server-rounds"] == 3 and fedavg["distill-size"] == 3000  # plan, preset
+    assert by_name["fedgo-uniform-a0.1-s0"]["weighting"] == "uniform"
+    feddf = by_name["feddf-es-a0.1-s0"]
+    assert feddf["num-server-rounds"] == 4 and feddf["strategy"] == "feddf"  # the cell wins
+    assert feddf["val-size"] == 1000 and fedavg["val-size"] == 0  # the cell's own preset
+    assert fedavg["results-dir"] == str(tmp_path) and fedavg["run-name"] == "fedavg-a0.05-s1"
+    assert tomllib.loads(toml_text(fedavg)) == fedavg
+    assert Config.from_run_config(fedavg).alpha == 0.05
+
+
+@pytest.mark.parametrize("changes,needle", [
+    ({"strategies": ["fedavg"]}, "unknown plan key(s) ['strategies']"),
+    ({"seeds": []}, "'seeds' must be a non-empty list"),
+    ({"federation": {}}, "num-supernodes"),
+    ({"cells": [{"strategy": "fedsgd"}]}, "cell fedsgd-a0.1-s0: run-config key 'strategy'"),
+    ({"cells": [{"weighting": "magic", "strategy": "fedgo"}]}, "allowed values"),
+    ({"config": {"num-rounds": 3}}, "unknown run-config key"),
+    ({"cells": ["fedavg", "fedavg"]}, "two cells share a name"),
+])
+def test_bad_plans_fail_before_anything_runs(tmp_path, capsys, changes, needle):
+    with pytest.raises(PlanError) as err:
+        cells_of(load_plan(write_plan(tmp_path, **changes)), tmp_path)
+    assert needle in str(err.value)
+    assert main([str(write_plan(tmp_path, **changes)), "--out", str(tmp_path)]) == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_finished_cells_are_skipped_and_stale_records_refused(tmp_path, capsys):
+    cells = cells_of(load_plan(write_plan(tmp_path)), tmp_path / "elsewhere")
+    cell = cells[0]
+    assert not finished(cell, tmp_path)
+    (tmp_path / cell.run_name).mkdir()
+    record = {"config": {**cell.run_config, "results-dir": "/old/place"}, "rounds": []}
+    (tmp_path / cell.run_name / "record.json").write_text(json.dumps(record))
+    assert finished(cell, tmp_path)  # where it was written does not matter
+    assert main([str(write_plan(tmp_path)), "--out", str(tmp_path), "--dry-run"]) == 0
+    assert "12 cells, 1 finished, 11 to run" in capsys.readouterr().out
+    record["config"]["local-epochs"] = 5
+    (tmp_path / cell.run_name / "record.json").write_text(json.dumps(record))
+    with pytest.raises(PlanError, match=r"another config \(keys \['local-epochs'\]\)"):
+        finished(cell, tmp_path)

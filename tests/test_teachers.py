@@ -1,0 +1,92 @@
+import copy
+
+import pytest
+import torch
+
+from fedgo_flwr.models import Discriminator, create_classifier
+from fedgo_flwr.perf import cached_distill, max_difference, naive_distill
+from fedgo_flwr.teachers import teacher_logits
+from fedgo_flwr.train import predict_logits
+from fedgo_flwr.weighting import odds_weights
+
+CPU = torch.device("cpu")
+
+
+def trained_bn_stats(net: torch.nn.Module, size: int) -> torch.nn.Module:
+    """A net whose BatchNorm running statistics are no longer the initial ones."""
+    net.train()
+    with torch.no_grad():
+        for _ in range(3):
+            net(torch.randn(16, net_channels(net), size, size))
+    return net.eval()
+
+
+def net_channels(net: torch.nn.Module) -> int:
+    return next(m for m in net.modules() if isinstance(m, torch.nn.Conv2d)).in_channels
+
+
+@pytest.mark.parametrize("model,channels,size", [("cnn", 1, 28), ("resnet18", 3, 32)])
+def test_stacked_teachers_equal_model_by_model(model, channels, size):
+    torch.manual_seed(0)
+    nets = [trained_bn_stats(create_classifier(model, channels, 10, size), size)
+            for _ in range(3)]
+    x = torch.randint(0, 256, (10, channels, size, size), dtype=torch.uint8)
+    for flip in (False, True):
+        stacked = teacher_logits(nets, x, device=CPU, flip=flip, stacked=True)
+        loop = teacher_logits(nets, x, device=CPU, flip=flip, stacked=False)
+        one_by_one = torch.stack([predict_logits(n, x, device=CPU, flip=flip) for n in nets])
+        assert stacked.shape == (3, 10, 10)
+        torch.testing.assert_close(stacked, one_by_one, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(loop, one_by_one)
+    assert not torch.allclose(teacher_logits(nets, x, device=CPU, flip=True),
+                              teacher_logits(nets, x, device=CPU))
+
+
+def test_teacher_logits_needs_a_model():
+    with pytest.raises(ValueError, match="at least one model"):
+        teacher_logits([], torch.zeros(1, 1, 28, 28, dtype=torch.uint8), device=CPU)
+
+
+def test_cached_and_naive_pseudo_labelling_distill_the_same_student():
+    """The fast path (odds once, pseudo-labels once per round and view) against Algorithm 2
+    run literally (every teacher and discriminator on every minibatch): same student."""
+    torch.manual_seed(0)
+    nets = [create_classifier("cnn", 1, 10, 28) for _ in range(3)]
+    discriminators = [Discriminator(1, 28, 8) for _ in range(3)]
+    n_k = torch.tensor([50.0, 300.0, 120.0])
+    u = torch.randint(0, 256, (96, 1, 28, 28), dtype=torch.uint8)
+    student = create_classifier("cnn", 1, 10, 28)
+    fast, naive = copy.deepcopy(student), copy.deepcopy(student)
+    kwargs = dict(epochs=2, batch_size=16, lr=1e-3, seed=3, device=CPU)
+    a = cached_distill(fast, u, nets, discriminators, n_k, odds_weights, **kwargs)
+    b = naive_distill(naive, u, nets, discriminators, n_k, odds_weights, **kwargs)
+    assert max_difference(student, fast) > 1e-3  # the students did learn
+    assert max_difference(fast, naive) < 1e-4
+    assert a["loss"] == pytest.approx(b["loss"], rel=1e-4)
+
+
+def test_perf_command_prints_both_sections(tiny_data_dir):
+    """`python -m fedgo_flwr.perf` end to end on tiny data: the comparison and one real round
+    (in its own process) at two values of K."""
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    run = subprocess.run(
+        [sys.executable, "-m", "fedgo_flwr.perf", "--clients", "3", "5", "--server-epochs", "1",
+         "--distill-size", "200", "--alpha", "1.0", "--config", f'data-dir="{tiny_data_dir}"',
+         "generator-steps=1", "generator-width=8", "discriminator-width=8",
+         "discriminator-epochs=1", "test-size=100"],
+        cwd=REPO, capture_output=True, text=True, timeout=600)
+    out = run.stdout
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    assert "| cached + batched |" in out and "| naive loop |" in out
+    difference = float(out.split("distilled students: ")[1].split()[0])
+    assert difference < 1e-4
+    rows = [line for line in out.splitlines() if line.startswith(("| 3 |", "| 5 |"))]
+    assert len(rows) == 2
+    assert "K = 5: a client's discriminator training costs" in out
+    bad = subprocess.run([sys.executable, "-m", "fedgo_flwr.perf", "--config", "alpha=oops"],
+                         cwd=REPO, capture_output=True, text=True)
+    assert bad.returncode == 2 and "--config" in bad.stderr
