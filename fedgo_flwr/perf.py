@@ -266,15 +266,18 @@ def main(argv: list[str]) -> int:
     for epochs in args.server_epochs:
         print(f"[perf] pseudo-labelling comparison, E_s = {epochs} ...", flush=True)
         print_pseudo_labelling(pseudo_labelling_benchmark(cfg, device, epochs), device)
-    rows = []
+    rows, failed = [], []
     for k in args.clients:
         print(f"[perf] one round at K = {k} (own process) ...", flush=True)
-        rows.append(run_child(args, k))
+        try:
+            rows.append(run_child(args, k))
+        except RuntimeError as err:  # one K failing (e.g. no valid partition) keeps the others
+            print(f"[perf] {err}", flush=True)
+            failed.append(k)
     if rows:
         print_rounds(rows)
-    if rows:
         print(f"\nrecords of the rounds: {results}")
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -85,6 +85,16 @@ def test_two_nodes_claiming_one_partition_fail_fast(tiny_config):
         run(grid, tiny_config)
 
 
+def test_nodes_that_cannot_load_their_partition_fail_the_run_fast(tiny_config):
+    """500 pool images cannot give 200 clients their minimum share: the run stops at discovery
+    with the clients' reason instead of waiting for round-timeout (which would end it with a
+    TimeoutError naming no cause)."""
+    import pytest
+    cfg = tiny_config.replace(round_timeout=1.0)
+    with pytest.raises(RuntimeError, match=r"200 node\(s\) could not load their partition.*'alpha'"):
+        run(InProcessGrid(client_app, cfg.to_run_config(), 200), cfg)
+
+
 def test_weighting_key_swaps_the_rule_and_nothing_else(tiny_config):
     from fedgo_flwr.weighting import WEIGHTINGS
     base = tiny_config.replace(num_server_rounds=1)

@@ -67,20 +67,22 @@ def test_cached_and_naive_pseudo_labelling_distill_the_same_student():
 
 def test_perf_command_prints_both_sections(tiny_data_dir):
     """`python -m fedgo_flwr.perf` end to end on tiny data: the comparison and one real round
-    (in its own process) at two values of K."""
+    (in its own process) at two values of K, and a third K the pool cannot be split into,
+    which is reported without losing the other two."""
     import subprocess
     import sys
 
     from conftest import REPO
 
     run = subprocess.run(
-        [sys.executable, "-m", "fedgo_flwr.perf", "--clients", "3", "5", "--server-epochs", "1",
+        [sys.executable, "-m", "fedgo_flwr.perf", "--clients", "3", "5", "200", "--server-epochs", "1",
          "--distill-size", "200", "--alpha", "1.0", "--config", f'data-dir="{tiny_data_dir}"',
          "generator-steps=1", "generator-width=8", "discriminator-width=8",
          "discriminator-epochs=1", "test-size=100"],
         cwd=REPO, capture_output=True, text=True, timeout=600)
     out = run.stdout
-    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    assert run.returncode == 1, run.stdout[-2000:] + run.stderr[-3000:]
+    assert "the round at K = 200 failed" in out and "could not load their partition" in run.stderr
     assert "| cached + batched |" in out and "| naive loop |" in out
     difference = float(out.split("distilled students: ")[1].split()[0])
     assert difference < 1e-4

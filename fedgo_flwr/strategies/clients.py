@@ -14,7 +14,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
-from logging import INFO, WARNING
+from logging import INFO
 
 QUERY_INFO = "query"
 
@@ -56,16 +56,17 @@ def discover_clients(grid: Grid, timeout: float, poll: float = 2.0) -> ClientDir
         new = [n for n in grid.get_node_ids() if n not in asked]
         asked.update(new)
         msgs = [Message(RecordDict(), dst_node_id=n, message_type=QUERY_INFO) for n in new]
+        failed = {}
         for reply in grid.send_and_receive(msgs, timeout=max(deadline - time.monotonic(), 1.0)):
             node = reply.metadata.src_node_id
             if reply.has_error():
-                log(WARNING, "node %d did not report its partition: %s", node, reply.error.reason)
+                failed[node] = reply.error.reason
                 continue
             info = reply.content.metric_records.get("info")
             try:
                 pid, k, n = (int(info[key]) for key in ("partition-id", "num-partitions", "num-examples"))
             except (TypeError, KeyError, ValueError):
-                log(WARNING, "node %d sent a malformed info reply; ignored", node)
+                failed[node] = f"malformed info reply {info}"
                 continue
             if num_partitions is None:
                 num_partitions = k
@@ -75,6 +76,12 @@ def discover_clients(grid: Grid, timeout: float, poll: float = 2.0) -> ClientDir
                 raise RuntimeError(f"partition-id {pid} is claimed by nodes "
                                    f"{clients[pid].node_id} and {node}: fix --node-config")
             clients[pid] = Client(pid, node, n)
+        if failed:
+            # Loading a partition is deterministic: a node that failed once is not asked again,
+            # so waiting for it would only run into the timeout.
+            node, reason = next(iter(failed.items()))
+            raise RuntimeError(f"{len(failed)} node(s) could not load their partition, e.g. "
+                               f"node {node}: {reason}")
         if num_partitions is not None and len(clients) == num_partitions:
             break
         if time.monotonic() > deadline:
