@@ -13,7 +13,7 @@ from torch import nn
 
 from fedgo_flwr.data import minibatches, to_unit_range
 from fedgo_flwr.teachers import server_autocast, teacher_logits
-from fedgo_flwr.train import evaluate, minibatch_descent
+from fedgo_flwr.train import descend, evaluate
 
 
 def ensemble_logits(client_logits: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -27,15 +27,26 @@ def pseudo_labels(client_logits: torch.Tensor, weights: torch.Tensor) -> torch.T
 
 
 def view_pseudo_labels(nets: list[nn.Module], u: torch.Tensor, n_k: torch.Tensor, rule,
-                       log_odds_of_view, *, views: int, device: torch.device,
-                       amp: bool = False) -> torch.Tensor:
-    """Pseudo-labels of every view of U (0 as is, 1 mirrored), [V, |U|, C]: the teachers run
-    once per view, and `rule` weights them with log Phi_k of that view, log_odds_of_view(v)."""
-    targets = []
-    for v in range(views):
-        logits = teacher_logits(nets, u, device=device, flip=v == 1, amp=amp)
-        targets.append(pseudo_labels(logits, rule(logits, log_odds_of_view(v), n_k)))
-    return torch.stack(targets)
+                       log_odds_of_view, batches: list[torch.Tensor], *, views: int,
+                       device: torch.device, amp: bool = False) -> torch.Tensor:
+    """Pseudo-labels [V, |U|, C] of the views of U (0 as is, 1 mirrored) that the round's
+    distillation `batches` meet (see draw_batches); the rest stay NaN. The teachers run once
+    per round on those images only, and `rule` weights them with log Phi_k of that view,
+    log_odds_of_view(v) [K, |U|]. With one pass over U each image meets one random view, so
+    labelling only what is met halves the work against labelling both views."""
+    met = torch.zeros(views * len(u), dtype=torch.bool)
+    met[torch.cat(batches)] = True
+    targets = None
+    for v, samples in enumerate(met.view(views, len(u))):
+        samples = samples.nonzero().squeeze(1)
+        if len(samples) == 0:
+            continue
+        logits = teacher_logits(nets, u[samples], device=device, flip=v == 1, amp=amp)
+        if targets is None:
+            targets = torch.full((views, len(u), logits.shape[-1]), float("nan"))
+        targets[v, samples] = pseudo_labels(
+            logits, rule(logits, log_odds_of_view(v)[:, samples], n_k))
+    return targets
 
 
 def kl_to_targets(student_logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -48,66 +59,64 @@ def cosine_lr(base_lr: float, server_round: int, num_rounds: int) -> float:
     return 0.5 * base_lr * (1 + math.cos(math.pi * (server_round - 1) / num_rounds))
 
 
-def random_views(u: torch.Tensor, idx: torch.Tensor, views: int, gen: torch.Generator,
-                 device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Minibatch u[idx] in [-1, 1] where each sample takes a random view (0 plain, 1 mirrored),
-    and the views drawn."""
-    xb = to_unit_range(u[idx]).to(device)
-    view = torch.randint(views, (len(idx),), generator=gen)
-    flipped = (view == 1).to(device).view(-1, 1, 1, 1)
-    return torch.where(flipped, xb.flip(-1), xb), view
+def draw_batches(n: int, views: int, *, epochs: int, batch_size: int,
+                 seed: int) -> list[torch.Tensor]:
+    """The minibatches of `epochs` shuffled passes over U, each sample with a random view (0 as
+    is, 1 mirrored: on-the-fly flipping), drawn before the round so that the teachers label
+    only what the distillation will meet. An entry is view * n + sample."""
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(views, (len(idx),), generator=gen) * n + idx
+            for _ in range(epochs) for idx in minibatches(n, batch_size, gen)]
 
 
-def view_batch_loss(student: nn.Module, u: torch.Tensor, targets: torch.Tensor,
-                    gen: torch.Generator, device: torch.device, amp: bool = False):
-    """KL loss of a minibatch of U where each sample takes a random view and meets that view's
-    pseudo-label: on-the-fly random flipping, with the teachers run once per round instead of
-    once per epoch."""
+def batch_images(u: torch.Tensor, batch: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """The images of a batch of draw_batches in [-1, 1], mirrored where its view is 1."""
+    sample, view = batch % len(u), batch // len(u)
+    xb = to_unit_range(u[sample]).to(device)
+    return torch.where((view == 1).to(device).view(-1, 1, 1, 1), xb.flip(-1), xb)
 
-    def batch_loss(idx: torch.Tensor) -> torch.Tensor:
-        xb, view = random_views(u, idx, targets.shape[0], gen, device)
+
+def batch_loss_fn(student: nn.Module, u: torch.Tensor, targets: torch.Tensor,
+                  device: torch.device, amp: bool = False):
+    """KL loss of a batch of draw_batches, each image against its view's pseudo-label."""
+    flat_targets = targets.flatten(0, 1)
+
+    def batch_loss(batch: torch.Tensor) -> torch.Tensor:
         with server_autocast(device, amp):
-            out = student(xb)
-        return kl_to_targets(out.float(), targets[view, idx].to(device))
+            out = student(batch_images(u, batch, device))
+        return kl_to_targets(out.float(), flat_targets[batch].to(device))
 
     return batch_loss
 
 
-def distill(student: nn.Module, u: torch.Tensor, targets: torch.Tensor, *, epochs: int,
-            batch_size: int, lr: float, seed: int, device: torch.device,
+def distill(student: nn.Module, u: torch.Tensor, targets: torch.Tensor, *,
+            batches: list[torch.Tensor], lr: float, device: torch.device,
             amp: bool = False) -> dict[str, float]:
-    """FedGO's server update: `epochs` passes of Adam(lr) over U against fixed pseudo-labels.
-
-    u is uint8 images; targets is [V, N, C], one set of pseudo-labels per view of U (V = 2
-    when flipping: the plain and the mirrored image).
-    """
+    """FedGO's server update: one Adam(lr) step per batch of draw_batches (E_s passes over U)
+    against the fixed pseudo-labels targets [V, |U|, C] of view_pseudo_labels; u is uint8."""
     start = time.perf_counter()
-    gen = torch.Generator().manual_seed(seed)
     student.to(device).train()
     opt = torch.optim.Adam(student.parameters(), lr=lr)
-    loss = minibatch_descent(opt, len(u), epochs=epochs, batch_size=batch_size, gen=gen,
-                             batch_loss=view_batch_loss(student, u, targets, gen, device, amp))
+    loss = descend(opt, batches, batch_loss_fn(student, u, targets, device, amp))
     student.eval()
     return {"distill_loss": loss, "seconds": time.perf_counter() - start}
 
 
 def distill_early_stopping(student: nn.Module, u: torch.Tensor, targets: torch.Tensor, *,
-                           max_steps: int, batch_size: int, lr: float, seed: int,
-                           device: torch.device,
+                           batches: list[torch.Tensor], lr: float, device: torch.device,
                            validation: tuple[torch.Tensor, torch.Tensor] | None = None,
                            eval_every: int = 100, patience: int = 1000,
                            clip_norm: float = 5.0, amp: bool = False) -> dict[str, float]:
-    """FedDF's server update: up to `max_steps` Adam steps with the learning rate
-    cosine-annealed over the steps and the gradient norm clipped at `clip_norm`. With a
-    labelled validation split, the student is validated before training and every
-    `eval_every` steps, training stops after `patience` steps without a better validation
-    accuracy, and the best checkpoint is restored."""
+    """FedDF's server update: up to one Adam step per batch of draw_batches (the step budget),
+    the learning rate cosine-annealed over the budget and the gradient norm clipped at
+    `clip_norm`. With a labelled validation split, the student is validated before training
+    and every `eval_every` steps, training stops after `patience` steps without a better
+    validation accuracy, and the best checkpoint is restored."""
     start = time.perf_counter()
-    gen = torch.Generator().manual_seed(seed)
     student.to(device).train()
     opt = torch.optim.Adam(student.parameters(), lr=lr)
-    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max_steps)
-    batch_loss = view_batch_loss(student, u, targets, gen, device, amp)
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(1, len(batches)))
+    batch_loss = batch_loss_fn(student, u, targets, device, amp)
 
     def val_acc() -> float:
         acc = evaluate(student, *validation, device=device)[0]
@@ -117,27 +126,22 @@ def distill_early_stopping(student: nn.Module, u: torch.Tensor, targets: torch.T
     best_acc = val_acc() if validation is not None else float("nan")
     best_step, best_state = 0, copy.deepcopy(student.state_dict())
     step, total = 0, 0.0
-
-    def finished() -> bool:
-        return step >= max_steps or (validation is not None and step - best_step >= patience)
-
-    while not finished():
-        for idx in minibatches(len(u), batch_size, gen):
-            loss = batch_loss(idx)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(student.parameters(), clip_norm)
-            opt.step()
-            schedule.step()
-            step += 1
-            total += loss.item()
-            if validation is not None and step % eval_every == 0:
-                acc = val_acc()
-                if acc > best_acc:
-                    best_acc, best_step = acc, step
-                    best_state = copy.deepcopy(student.state_dict())
-            if finished():
-                break
+    for batch in batches:
+        if validation is not None and step - best_step >= patience:
+            break
+        loss = batch_loss(batch)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(student.parameters(), clip_norm)
+        opt.step()
+        schedule.step()
+        step += 1
+        total += loss.item()
+        if validation is not None and step % eval_every == 0:
+            acc = val_acc()
+            if acc > best_acc:
+                best_acc, best_step = acc, step
+                best_state = copy.deepcopy(student.state_dict())
     if validation is not None:
         student.load_state_dict(best_state)
     student.eval()

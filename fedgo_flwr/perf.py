@@ -8,9 +8,9 @@ Settings are the run config's defaults (`pyproject.toml`), one round, and the op
 --config sets any other run-config key (TOML values, e.g. generator-steps=0 model="resnet18").
 
 1. Server pseudo-labelling, with the same teachers, U and seed, two paths in one process:
-   cached  odds on U once (pre-FL), pseudo-labels once per round for both views of U with the
-           round's models run as one teacher (teachers.teacher_logits), then E_s epochs of
-           distillation against them;
+   cached  odds on U once (pre-FL), pseudo-labels once per round for the views of U that the
+           round's E_s epochs will meet, with the round's models run as one teacher
+           (teachers.teacher_logits), then E_s epochs of distillation against them;
    naive   every minibatch of every epoch runs every client's classifier and discriminator on
            that batch and weights them there: Algorithm 2 transcribed literally.
    Prints labels/s of each, the speed-up, and the largest difference between the two students.
@@ -37,12 +37,12 @@ import tomllib
 import torch
 
 from fedgo_flwr.config import Config, ConfigError
-from fedgo_flwr.distill import (distill, kl_to_targets, pseudo_labels, random_views,
-                                view_pseudo_labels)
+from fedgo_flwr.distill import (batch_images, distill, draw_batches, kl_to_targets,
+                                pseudo_labels, view_pseudo_labels)
 from fedgo_flwr.gan import log_odds
 from fedgo_flwr.models import Discriminator, create_classifier
 from fedgo_flwr.teachers import teacher_logits
-from fedgo_flwr.train import minibatch_descent, resolve_device
+from fedgo_flwr.train import descend, resolve_device
 from fedgo_flwr.weighting import WeightRule, odds_weights
 
 MARKER = "PERF-JSON "
@@ -53,16 +53,16 @@ STAGES = ("client_training", "aggregation", "pseudo_labelling", "distillation", 
 def cached_distill(student, u, nets, discriminators, n_k, rule: WeightRule, *, epochs: int,
                    batch_size: int, lr: float, seed: int, device, views: int = 2) -> dict:
     """What the strategies do: odds once, pseudo-labels once, then distill."""
+    batches = draw_batches(len(u), views, epochs=epochs, batch_size=batch_size, seed=seed)
     start = time.perf_counter()
     u_log_odds = torch.stack([torch.stack([log_odds(d, u, device=device, flip=v == 1)
                                            for v in range(views)]) for d in discriminators])
     odds_s = time.perf_counter() - start
     start = time.perf_counter()
-    targets = view_pseudo_labels(nets, u, n_k, rule, lambda v: u_log_odds[:, v], views=views,
-                                 device=device)
+    targets = view_pseudo_labels(nets, u, n_k, rule, lambda v: u_log_odds[:, v], batches,
+                                 views=views, device=device)
     label_s = time.perf_counter() - start
-    info = distill(student, u, targets, epochs=epochs, batch_size=batch_size,
-                   lr=lr, seed=seed, device=device)
+    info = distill(student, u, targets, batches=batches, lr=lr, device=device)
     return {"odds_s": odds_s, "label_s": label_s, "distill_s": info["seconds"],
             "loss": info["distill_loss"]}
 
@@ -70,18 +70,18 @@ def cached_distill(student, u, nets, discriminators, n_k, rule: WeightRule, *, e
 def naive_distill(student, u, nets, discriminators, n_k, rule: WeightRule, *, epochs: int,
                   batch_size: int, lr: float, seed: int, device, views: int = 2) -> dict:
     """The same distillation with every teacher and discriminator rerun on every minibatch;
-    it draws the same batches and views as `distill`, so the students must agree."""
+    it draws the same batches and views as `cached_distill`, so the students must agree."""
     start = time.perf_counter()
-    gen = torch.Generator().manual_seed(seed)
+    batches = draw_batches(len(u), views, epochs=epochs, batch_size=batch_size, seed=seed)
     for m in (*nets, *discriminators):
         m.to(device).eval()
     student.to(device).train()
     opt = torch.optim.Adam(student.parameters(), lr=lr)
     label_s = 0.0
 
-    def batch_loss(idx: torch.Tensor) -> torch.Tensor:
+    def batch_loss(batch: torch.Tensor) -> torch.Tensor:
         nonlocal label_s
-        xb, _ = random_views(u, idx, views, gen, device)
+        xb = batch_images(u, batch, device)
         t0 = time.perf_counter()
         with torch.no_grad():
             logits = torch.stack([net(xb) for net in nets]).float().cpu()
@@ -90,8 +90,7 @@ def naive_distill(student, u, nets, discriminators, n_k, rule: WeightRule, *, ep
         label_s += time.perf_counter() - t0
         return kl_to_targets(student(xb), targets)
 
-    loss = minibatch_descent(opt, len(u), epochs=epochs, batch_size=batch_size, gen=gen,
-                             batch_loss=batch_loss)
+    loss = descend(opt, batches, batch_loss)
     student.eval()
     total = time.perf_counter() - start
     return {"odds_s": 0.0, "label_s": label_s, "distill_s": total - label_s, "loss": loss}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Callable
+from typing import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -20,21 +20,27 @@ def resolve_device(name: str = "auto") -> torch.device:
     return torch.device(name)
 
 
+def descend(opt: torch.optim.Optimizer, batches: Iterable[torch.Tensor],
+            batch_loss: Callable[[torch.Tensor], torch.Tensor]) -> float:
+    """One optimiser step per batch on batch_loss(batch), a batch being a tensor of indices;
+    returns the mean loss per item (nan when no step was taken)."""
+    total, count = 0.0, 0
+    for batch in batches:
+        loss = batch_loss(batch)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        total += loss.item() * len(batch)
+        count += len(batch)
+    return total / count if count else float("nan")
+
+
 def minibatch_descent(opt: torch.optim.Optimizer, n: int, *, epochs: int, batch_size: int,
                       gen: torch.Generator,
                       batch_loss: Callable[[torch.Tensor], torch.Tensor]) -> float:
-    """`epochs` passes over n items in shuffled minibatches, one optimiser step per batch on
-    batch_loss(indices); returns the mean loss per item (nan when no step was taken)."""
-    total, count = 0.0, 0
-    for _ in range(epochs):
-        for idx in minibatches(n, batch_size, gen):
-            loss = batch_loss(idx)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            total += loss.item() * len(idx)
-            count += len(idx)
-    return total / count if count else float("nan")
+    """`epochs` passes over n items in shuffled minibatches (see descend)."""
+    return descend(opt, (idx for _ in range(epochs) for idx in minibatches(n, batch_size, gen)),
+                   batch_loss)
 
 
 def train_classifier(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int,
@@ -57,11 +63,18 @@ def train_classifier(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epoc
     return {"train-loss": loss, "train-seconds": time.perf_counter() - start}
 
 
+def inference_batch_size(device: torch.device) -> int:
+    """Large batches keep a GPU busy; on a CPU, batches past ~128 images spill the caches and
+    measured up to 2x slower per image (8 CNNs on 1,024 images: 180 vs 360 images/s)."""
+    return 1024 if device.type == "cuda" else 128
+
+
 @torch.no_grad()
 def apply_in_batches(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, *,
                      device: torch.device, flip: bool = False,
-                     batch_size: int = 1024) -> torch.Tensor:
+                     batch_size: int | None = None) -> torch.Tensor:
     """fn over uint8 images x (all flipped when `flip`) in [-1, 1], batch by batch, on the CPU."""
+    batch_size = batch_size or inference_batch_size(device)
     out = []
     for idx in minibatches(len(x), batch_size, shuffle=False):
         xb = to_unit_range(x[idx]).to(device)

@@ -1,7 +1,9 @@
 import torch
 
-from fedgo_flwr.distill import cosine_lr, distill, ensemble_logits, kl_to_targets, pseudo_labels
+from fedgo_flwr.distill import (cosine_lr, distill, draw_batches, ensemble_logits, kl_to_targets,
+                                pseudo_labels, view_pseudo_labels)
 from fedgo_flwr.models import CNN
+from fedgo_flwr.weighting import odds_weights
 
 
 def test_pseudo_labels_weight_logits_then_softmax():
@@ -20,8 +22,8 @@ def test_one_distillation_step_lowers_the_kl():
     x = u.float() / 127.5 - 1
     with torch.no_grad():
         before = kl_to_targets(student(x), targets[0]).item()
-    info = distill(student, u, targets, epochs=1, batch_size=64, lr=1e-4, seed=0,
-                   device=torch.device("cpu"))
+    info = distill(student, u, targets, lr=1e-4, device=torch.device("cpu"),
+                   batches=draw_batches(64, 1, epochs=1, batch_size=64, seed=0))
     with torch.no_grad():
         after = kl_to_targets(student(x), targets[0]).item()
     assert abs(info["distill_loss"] - before) < 1e-4  # the one step saw the same batch
@@ -34,8 +36,8 @@ def test_two_views_pair_flipped_images_with_their_own_labels():
     u[:, :, :, :14] = 255  # left half bright; its mirror is right half bright
     targets = torch.tensor([[[1.0, 0.0]] * 2, [[0.0, 1.0]] * 2])  # view 0 -> class 0, 1 -> 1
     student = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 2))
-    distill(student, u, targets, epochs=200, batch_size=2, lr=1e-2, seed=0,
-            device=torch.device("cpu"))
+    distill(student, u, targets, lr=1e-2, device=torch.device("cpu"),
+            batches=draw_batches(2, 2, epochs=200, batch_size=2, seed=0))
     x = u.float() / 127.5 - 1
     assert student(x).argmax(1).tolist() == [0, 0]
     assert student(x.flip(-1)).argmax(1).tolist() == [1, 1]
@@ -45,3 +47,38 @@ def test_cosine_schedule_over_rounds():
     assert cosine_lr(1e-3, 1, 10) == 1e-3
     assert cosine_lr(1e-3, 6, 10) < 1e-3 / 2 + 1e-12
     assert cosine_lr(1e-3, 10, 10) < cosine_lr(1e-3, 9, 10)
+
+
+def test_draw_batches_pass_over_u_once_per_epoch_with_seeded_views():
+    batches = draw_batches(10, 2, epochs=3, batch_size=4, seed=5)
+    assert [len(b) for b in batches] == [4, 4, 2] * 3
+    for e in range(3):
+        assert sorted((torch.cat(batches[3 * e:3 * e + 3]) % 10).tolist()) == list(range(10))
+    views = torch.cat(batches) // 10
+    assert set(views.tolist()) == {0, 1}
+    assert all(torch.equal(a, b) for a, b in zip(batches, draw_batches(10, 2, epochs=3,
+                                                                     batch_size=4, seed=5)))
+    assert not all(torch.equal(a, b) for a, b in zip(batches, draw_batches(10, 2, epochs=3,
+                                                                         batch_size=4, seed=6)))
+    assert (torch.cat(draw_batches(10, 1, epochs=2, batch_size=4, seed=5)) < 10).all()
+
+
+def test_only_the_views_the_batches_meet_are_labelled_and_those_exactly():
+    torch.manual_seed(0)
+    nets = [torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 3)) for _ in range(2)]
+    u = torch.randint(0, 256, (12, 1, 4, 4), dtype=torch.uint8)
+    n_k = torch.tensor([1.0, 3.0])
+    log_odds = torch.randn(2, 2, 12)  # [views, K, |U|]
+
+    batches = draw_batches(12, 2, epochs=1, batch_size=5, seed=1)
+    targets = view_pseudo_labels(nets, u, n_k, odds_weights, lambda v: log_odds[v], batches, views=2,
+                                 device=torch.device("cpu"))
+    met = torch.cat(batches)
+    labelled = ~targets.isnan().any(-1)
+    assert labelled.sum() == 12  # one pass: one view per image, half of the work
+    assert labelled.flatten()[met].all()
+    x = u.float() / 127.5 - 1
+    for v, view_x in enumerate((x, x.flip(-1))):
+        logits = torch.stack([net(view_x) for net in nets]).detach()
+        full = pseudo_labels(logits, odds_weights(logits, log_odds[v], n_k))
+        torch.testing.assert_close(targets[v][labelled[v]], full[labelled[v]])

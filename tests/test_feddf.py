@@ -8,7 +8,7 @@ from torch import nn
 from client_app.app import app as client_app
 from conftest import tiny_images
 from fedgo_flwr.data import client_indices, distillation_indices, validation_indices
-from fedgo_flwr.distill import distill_early_stopping
+from fedgo_flwr.distill import distill_early_stopping, draw_batches
 from fedgo_flwr.train import evaluate
 from fedgo_flwr.inprocess import InProcessGrid
 from server_app.app import run
@@ -42,9 +42,9 @@ def test_early_stopping_restores_the_best_checkpoint():
     # Pseudo-labels that are wrong on purpose: distilling them ruins validation accuracy.
     u, u_y = _images(256, 2)
     targets = nn.functional.one_hot((u_y + 1) % 10, 10).float().unsqueeze(0)
-    info = distill_early_stopping(student, u, targets, max_steps=400, batch_size=32, lr=1e-2,
-                                  seed=0, device=CPU, validation=(val_x, val_y),
-                                  eval_every=10, patience=50)
+    batches = draw_batches(256, 1, epochs=50, batch_size=32, seed=0)  # 400 steps
+    info = distill_early_stopping(student, u, targets, batches=batches, lr=1e-2, device=CPU,
+                                  validation=(val_x, val_y), eval_every=10, patience=50)
     assert info["best_step"] == 0 and info["distill_steps"] == 50  # stopped by patience
     for k, v in student.state_dict().items():
         assert torch.equal(v, initial[k]), k
@@ -57,8 +57,9 @@ def test_early_stopping_keeps_an_improved_checkpoint():
     targets = nn.functional.one_hot(u_y, 10).float().unsqueeze(0)
     torch.manual_seed(0)
     student = nn.Sequential(nn.Flatten(), nn.Linear(784, 10))
-    info = distill_early_stopping(student, u, targets, max_steps=60, batch_size=32, lr=1e-2,
-                                  seed=0, device=CPU, validation=(val_x, val_y), eval_every=10)
+    batches = draw_batches(256, 1, epochs=8, batch_size=32, seed=0)[:60]
+    info = distill_early_stopping(student, u, targets, batches=batches, lr=1e-2, device=CPU,
+                                  validation=(val_x, val_y), eval_every=10)
     assert info["distill_steps"] == 60 and info["best_step"] > 0
     assert evaluate(student, val_x, val_y, device=CPU)[0] == info["val_acc"] > 0.5
 

@@ -36,10 +36,14 @@ class EnsembleDistillation(FedAvgStrategy):
     def test_log_odds(self, models: list[ClientModel]) -> torch.Tensor:
         return torch.zeros(len(models), len(self.setup.test_y))
 
+    def distill_batches(self, server_round: int) -> list[torch.Tensor]:
+        """This round's distillation minibatches (distill.draw_batches); none = no update."""
+        raise NotImplementedError
+
     def distill_student(self, server_round: int, student: torch.nn.Module,
-                        targets: torch.Tensor) -> dict | None:
-        """Train student on pseudo-labels [V, |U|, C]; returns at least distill_loss and
-        seconds, or None when no distillation step was taken."""
+                        targets: torch.Tensor, batches: list[torch.Tensor]) -> dict:
+        """Train student on pseudo-labels [V, |U|, C] over `batches`; returns at least
+        distill_loss and seconds."""
         raise NotImplementedError
 
     # --- the shared round
@@ -47,22 +51,22 @@ class EnsembleDistillation(FedAvgStrategy):
                       models: list[ClientModel]) -> dict[str, torch.Tensor]:
         dev, u = self.setup.device, self.setup.u
         entry = self.record.round(server_round)
-        start = time.perf_counter()
         nets = []
         for m in models:
             net = self.setup.new_classifier()
             net.load_state_dict(m.state)
             nets.append(net)
         n_k = torch.tensor([m.num_examples for m in models], dtype=torch.float32)
-        targets = view_pseudo_labels(  # once per round, not once per epoch
-            nets, u, n_k, self.weighting, lambda v: self.u_log_odds(models, v),
-            views=self.views, device=dev, amp=self.setup.amp)
-        self.record.time("pseudo_labelling", time.perf_counter() - start, server_round)
-
         student = self.setup.new_classifier()
         student.load_state_dict(averaged)
-        info = self.distill_student(server_round, student, targets)
-        if info is not None:
+        batches = self.distill_batches(server_round)
+        if batches:
+            start = time.perf_counter()
+            targets = view_pseudo_labels(  # once per round, not once per epoch
+                nets, u, n_k, self.weighting, lambda v: self.u_log_odds(models, v), batches,
+                views=self.views, device=dev, amp=self.setup.amp)
+            self.record.time("pseudo_labelling", time.perf_counter() - start, server_round)
+            info = self.distill_student(server_round, student, targets, batches)
             self.record.time("distillation", info.pop("seconds"), server_round)
             entry.update(info)
 

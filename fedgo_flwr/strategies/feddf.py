@@ -6,12 +6,13 @@ split held by the server (`val-size`; off at 0), keeping the best checkpoint."""
 
 from __future__ import annotations
 
+import math
 from logging import INFO
 
 import torch
 from flwr.common.logger import log
 
-from fedgo_flwr.distill import distill_early_stopping
+from fedgo_flwr.distill import distill_early_stopping, draw_batches
 from fedgo_flwr.results import RunRecord
 from fedgo_flwr.strategies.base import ServerSetup
 from fedgo_flwr.strategies.ensemble import EnsembleDistillation
@@ -25,15 +26,18 @@ class FedDF(EnsembleDistillation):
             log(INFO, "FedDF: val-size = 0, so no early stopping: every round runs "
                 "feddf-steps = %d steps", setup.cfg.feddf_steps)
 
+    def distill_batches(self, server_round: int) -> list[torch.Tensor]:
+        """The step budget: feddf-steps minibatches of shuffled passes over U."""
+        cfg, n = self.cfg, len(self.setup.u)
+        epochs = math.ceil(cfg.feddf_steps / math.ceil(n / cfg.feddf_batch_size)) if n else 0
+        return draw_batches(n, self.views, epochs=epochs, batch_size=cfg.feddf_batch_size,
+                            seed=cfg.seed * 1_000 + server_round)[:cfg.feddf_steps]
+
     def distill_student(self, server_round: int, student: torch.nn.Module,
-                        targets: torch.Tensor) -> dict | None:
+                        targets: torch.Tensor, batches: list[torch.Tensor]) -> dict:
         cfg = self.cfg
-        if cfg.feddf_steps == 0:
-            return None
         validation = (self.setup.val_x, self.setup.val_y) if len(self.setup.val_y) else None
         return distill_early_stopping(
-            student, self.setup.u, targets, max_steps=cfg.feddf_steps,
-            batch_size=cfg.feddf_batch_size, lr=cfg.server_lr,
-            seed=cfg.seed * 1_000 + server_round, device=self.setup.device,
-            validation=validation, eval_every=cfg.feddf_eval_every,
+            student, self.setup.u, targets, batches=batches, lr=cfg.server_lr,
+            device=self.setup.device, validation=validation, eval_every=cfg.feddf_eval_every,
             patience=cfg.feddf_patience, clip_norm=cfg.feddf_clip_norm, amp=self.setup.amp)

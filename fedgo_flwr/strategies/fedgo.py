@@ -12,7 +12,7 @@ from flwr.app import ArrayRecord, Message, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
-from fedgo_flwr.distill import cosine_lr, distill
+from fedgo_flwr.distill import cosine_lr, distill, draw_batches
 from fedgo_flwr.gan import log_odds, train_wgan_gp
 from fedgo_flwr.models import Critic, Discriminator, Generator
 from fedgo_flwr.strategies.base import ClientModel, ServerSetup
@@ -133,14 +133,17 @@ class FedGO(EnsembleDistillation):
     def test_log_odds(self, models: list[ClientModel]) -> torch.Tensor:
         return self.cached_test_log_odds[[self.row[m.partition_id] for m in models]]
 
-    def distill_student(self, server_round: int, student: torch.nn.Module,
-                        targets: torch.Tensor) -> dict | None:
-        """E_s epochs of Adam, the learning rate cosine-annealed over the T rounds."""
+    def distill_batches(self, server_round: int) -> list[torch.Tensor]:
+        """E_s shuffled passes over U."""
         cfg = self.cfg
-        if cfg.server_epochs == 0:
-            return None
-        return distill(student, self.setup.u, targets, epochs=cfg.server_epochs,
-                       batch_size=cfg.server_batch_size,
+        return draw_batches(len(self.setup.u), self.views, epochs=cfg.server_epochs,
+                            batch_size=cfg.server_batch_size,
+                            seed=cfg.seed * 1_000 + server_round)
+
+    def distill_student(self, server_round: int, student: torch.nn.Module,
+                        targets: torch.Tensor, batches: list[torch.Tensor]) -> dict:
+        """Adam, the learning rate cosine-annealed over the T rounds."""
+        cfg = self.cfg
+        return distill(student, self.setup.u, targets, batches=batches,
                        lr=cosine_lr(cfg.server_lr, server_round, cfg.num_server_rounds),
-                       seed=cfg.seed * 1_000 + server_round, device=self.setup.device,
-                       amp=self.setup.amp)
+                       device=self.setup.device, amp=self.setup.amp)
