@@ -71,8 +71,8 @@ def test_only_the_views_the_batches_meet_are_labelled_and_those_exactly():
     log_odds = torch.randn(2, 2, 12)  # [views, K, |U|]
 
     batches = draw_batches(12, 2, epochs=1, batch_size=5, seed=1)
-    targets = view_pseudo_labels(nets, u, n_k, odds_weights, lambda v: log_odds[v], batches, views=2,
-                                 device=torch.device("cpu"))
+    targets = view_pseudo_labels(nets, u, n_k, odds_weights, lambda v: log_odds[v], batches,
+                                 views=2, device=torch.device("cpu"))
     met = torch.cat(batches)
     labelled = ~targets.isnan().any(-1)
     assert labelled.sum() == 12  # one pass: one view per image, half of the work

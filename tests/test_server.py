@@ -4,6 +4,7 @@ import json
 import logging
 
 import numpy as np
+import pytest
 import torch
 
 from client_app.app import app as client_app
@@ -77,7 +78,6 @@ def test_malformed_replies_are_rejected_with_a_logged_reason(tiny_config, caplog
 
 
 def test_two_nodes_claiming_one_partition_fail_fast(tiny_config):
-    import pytest
     grid = InProcessGrid(client_app, tiny_config.to_run_config(), 3)
     second = list(grid.nodes)[1]
     grid.nodes[second].node_config["partition-id"] = 0
@@ -89,7 +89,6 @@ def test_nodes_that_cannot_load_their_partition_fail_the_run_fast(tiny_config):
     """500 pool images cannot give 200 clients their minimum share: the run stops at discovery
     with the clients' reason instead of waiting for round-timeout (which would end it with a
     TimeoutError naming no cause)."""
-    import pytest
     cfg = tiny_config.replace(round_timeout=1.0)
     with pytest.raises(RuntimeError, match=r"200 node\(s\) could not load their partition.*'alpha'"):
         run(InProcessGrid(client_app, cfg.to_run_config(), 200), cfg)

@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from fedgo_flwr.distill import ensemble_logits, view_pseudo_labels
+from fedgo_flwr.distill import draw_batches, ensemble_logits, view_pseudo_labels
 from fedgo_flwr.strategies.base import ClientModel, FedAvgStrategy, ServerSetup
 from fedgo_flwr.results import RunRecord
 from fedgo_flwr.teachers import teacher_logits
@@ -37,8 +37,14 @@ class EnsembleDistillation(FedAvgStrategy):
         return torch.zeros(len(models), len(self.setup.test_y))
 
     def distill_batches(self, server_round: int) -> list[torch.Tensor]:
-        """This round's distillation minibatches (distill.draw_batches); none = no update."""
+        """This round's distillation minibatches (see draw_round_batches); none = no update."""
         raise NotImplementedError
+
+    def draw_round_batches(self, server_round: int, *, epochs: int,
+                           batch_size: int) -> list[torch.Tensor]:
+        """`epochs` passes over U with random views, seeded by the run's seed and the round."""
+        return draw_batches(len(self.setup.u), self.views, epochs=epochs,
+                            batch_size=batch_size, seed=self.cfg.seed * 1_000 + server_round)
 
     def distill_student(self, server_round: int, student: torch.nn.Module,
                         targets: torch.Tensor, batches: list[torch.Tensor]) -> dict:

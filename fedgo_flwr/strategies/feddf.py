@@ -12,7 +12,7 @@ from logging import INFO
 import torch
 from flwr.common.logger import log
 
-from fedgo_flwr.distill import distill_early_stopping, draw_batches
+from fedgo_flwr.distill import distill_early_stopping
 from fedgo_flwr.results import RunRecord
 from fedgo_flwr.strategies.base import ServerSetup
 from fedgo_flwr.strategies.ensemble import EnsembleDistillation
@@ -30,8 +30,8 @@ class FedDF(EnsembleDistillation):
         """The step budget: feddf-steps minibatches of shuffled passes over U."""
         cfg, n = self.cfg, len(self.setup.u)
         epochs = math.ceil(cfg.feddf_steps / math.ceil(n / cfg.feddf_batch_size)) if n else 0
-        return draw_batches(n, self.views, epochs=epochs, batch_size=cfg.feddf_batch_size,
-                            seed=cfg.seed * 1_000 + server_round)[:cfg.feddf_steps]
+        return self.draw_round_batches(server_round, epochs=epochs,
+                                       batch_size=cfg.feddf_batch_size)[:cfg.feddf_steps]
 
     def distill_student(self, server_round: int, student: torch.nn.Module,
                         targets: torch.Tensor, batches: list[torch.Tensor]) -> dict:

@@ -12,7 +12,7 @@ from flwr.app import ArrayRecord, Message, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
-from fedgo_flwr.distill import cosine_lr, distill, draw_batches
+from fedgo_flwr.distill import cosine_lr, distill
 from fedgo_flwr.gan import log_odds, train_wgan_gp
 from fedgo_flwr.models import Critic, Discriminator, Generator
 from fedgo_flwr.strategies.base import ClientModel, ServerSetup
@@ -135,10 +135,8 @@ class FedGO(EnsembleDistillation):
 
     def distill_batches(self, server_round: int) -> list[torch.Tensor]:
         """E_s shuffled passes over U."""
-        cfg = self.cfg
-        return draw_batches(len(self.setup.u), self.views, epochs=cfg.server_epochs,
-                            batch_size=cfg.server_batch_size,
-                            seed=cfg.seed * 1_000 + server_round)
+        return self.draw_round_batches(server_round, epochs=self.cfg.server_epochs,
+                                       batch_size=self.cfg.server_batch_size)
 
     def distill_student(self, server_round: int, student: torch.nn.Module,
                         targets: torch.Tensor, batches: list[torch.Tensor]) -> dict:
