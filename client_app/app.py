@@ -1,6 +1,7 @@
 """ClientApp: one handler per message type.
 
-query                -> partition id, partition count and n_k (the server keys clients by these)
+query                -> partition id, partition count and n_k (the server keys clients by these);
+                        the label histogram only when the server's config asks (diagnostics)
 train.discriminator  -> D_k trained against the server's generator (FedGO pre-FL, Algorithm 3)
 train                -> ClientUpdate: the global classifier trained on S_k
 evaluate             -> the global classifier's loss and accuracy on S_k
@@ -16,6 +17,7 @@ from fedgo_flwr.config import Config
 from fedgo_flwr.data import client_data, load_dataset
 from fedgo_flwr.gan import train_discriminator as train_d
 from fedgo_flwr.models import Discriminator, Generator, create_classifier
+from fedgo_flwr.strategies.clients import client_seed
 from fedgo_flwr.train import evaluate as evaluate_model
 from fedgo_flwr.train import resolve_device, train_classifier
 
@@ -43,11 +45,6 @@ def _classifier(cfg: Config, message: Message) -> torch.nn.Module:
     return model
 
 
-def _client_seed(conf, partition_id: int) -> int:
-    """The server's seed for this stage and round, made distinct per client."""
-    return int(conf["seed"]) * 1_000 + partition_id
-
-
 def _reply(message: Message, metrics: dict, key: str = "metrics",
            **arrays: ArrayRecord) -> Message:
     content = RecordDict({**arrays, key: MetricRecord(metrics)})
@@ -56,9 +53,13 @@ def _reply(message: Message, metrics: dict, key: str = "metrics",
 
 @app.query()
 def info(message: Message, context: Context) -> Message:
-    _, pid, k, _, y = _local(context)
-    return _reply(message, {"partition-id": pid, "num-partitions": k, "num-examples": len(y)},
-                  key="info")
+    cfg, pid, k, _, y = _local(context)
+    reply = {"partition-id": pid, "num-partitions": k, "num-examples": len(y)}
+    conf = message.content.config_records.get("config")
+    if conf is not None and conf.get("label-histogram"):
+        classes = load_dataset(cfg.dataset, cfg.data_path).num_classes
+        reply["label-histogram"] = torch.bincount(y, minlength=classes).tolist()
+    return _reply(message, reply, key="info")
 
 
 @app.train("discriminator")
@@ -68,7 +69,7 @@ def train_discriminator(message: Message, context: Context) -> Message:
     c, h = x.shape[1], x.shape[2]
     generator = Generator(int(conf["latent-dim"]), c, h, int(conf["generator-width"]))
     generator.load_state_dict(message.content.array_records["generator"].to_torch_state_dict())
-    seed = _client_seed(conf, pid)
+    seed = client_seed(int(conf["seed"]), pid)
     torch.manual_seed(seed)  # D_k's initialisation
     discriminator = Discriminator(c, h, int(conf["discriminator-width"]))
     result = train_d(discriminator, generator, x, epochs=int(conf["discriminator-epochs"]),
@@ -86,7 +87,7 @@ def train(message: Message, context: Context) -> Message:
     model = _classifier(cfg, message)
     result = train_classifier(model, x, y, epochs=int(conf["local-epochs"]),
                               batch_size=int(conf["batch-size"]), lr=float(conf["lr"]),
-                              flip=bool(conf["flip"]), seed=_client_seed(conf, pid),
+                              flip=bool(conf["flip"]), seed=client_seed(int(conf["seed"]), pid),
                               device=resolve_device())
     return _reply(message, {"num-examples": len(y), **result},
                   arrays=ArrayRecord(model.cpu().state_dict()))

@@ -2,6 +2,7 @@
 as a markdown table and plots.
 
     python -m fedgo_flwr.bench conf/bench/fmnist.yaml [--out DIR] [--dry-run]
+                                                      [--max-minutes M]
 
 A plan (see conf/bench/) has the keys
   name        names the default output folder, results/bench/<name>
@@ -11,12 +12,15 @@ A plan (see conf/bench/) has the keys
   alphas      Dirichlet alphas;  seeds: seeds
   cells       a strategy name, or a mapping of run-config keys with an optional `name` and
               `preset` (a TOML preset of the cell's own, under its keys and over `config`)
+  central     optional: epochs of the central-training reference (fedgo_flwr.central), one
+              run per seed on the pooled client data, named central-s<seed>
 Every cell x alpha x seed is one `flwr run` through the local SuperLink and Ray, named
 <cell>-a<alpha>-s<seed>; its record lands in <out>/<run name>/record.json and its log in
 <out>/logs/. Every cell's config is validated before anything runs. A cell whose record
 exists with the same config is not run again, so an interrupted plan resumes; a record made
-with another config stops the plan rather than mixing results. At the end <out>/table.md and
-one plot per alpha and metric are written.
+with another config stops the plan rather than mixing results. With --max-minutes no run
+starts once that many minutes have passed, so a long plan advances in chunks. At the end
+<out>/table.md and one plot per alpha and metric are written from the records there.
 """
 
 from __future__ import annotations
@@ -35,11 +39,12 @@ from pathlib import Path
 
 import yaml
 
+from fedgo_flwr.central import STRATEGY as CENTRAL, train_central
 from fedgo_flwr.config import Config, ConfigError
-from fedgo_flwr.report import load_records, plot_rounds, summary_table
+from fedgo_flwr.report import by_alpha, load_records, plot_rounds, summary_table
 
 REPO = Path(__file__).resolve().parents[1]
-PLAN_KEYS = ("name", "preset", "config", "federation", "alphas", "seeds", "cells")
+PLAN_KEYS = ("name", "preset", "config", "federation", "alphas", "seeds", "cells", "central")
 # Where a record may differ from the cell that made it and still stand for it.
 PLACEMENT_KEYS = ("results-dir", "run-name")
 PROGRESS = re.compile(r"(round \d+ \||pre-FL: (generator step \d+0/|sending|odds)|ERROR|rejected)")
@@ -53,7 +58,8 @@ class PlanError(ValueError):
 @dataclass(frozen=True)
 class Cell:
     run_name: str
-    run_config: dict  # the full resolved run config
+    run_config: dict  # the full resolved run config, as its record will hold it
+    central: Config | None = None  # the central-training reference's config, not a flwr run
 
 
 def load_plan(path: Path) -> dict:
@@ -68,6 +74,10 @@ def load_plan(path: Path) -> dict:
             raise PlanError(f"{path}: '{key}' must be a non-empty list")
     if "num-supernodes" not in (plan.get("federation") or {}):
         raise PlanError(f"{path}: 'federation' must set num-supernodes (the number of clients K)")
+    central = plan.get("central", 0)
+    if not isinstance(central, int) or isinstance(central, bool) or central < 0:
+        raise PlanError(f"{path}: 'central' is the reference's number of epochs (>= 1), "
+                        f"got {central!r}")
     return plan
 
 
@@ -97,6 +107,14 @@ def cells_of(plan: dict, out: Path) -> list[Cell]:
                 except ConfigError as err:
                     raise PlanError(f"cell {run_name}: {err}") from err
                 cells.append(Cell(run_name, cfg.to_run_config()))
+    epochs = plan.get("central", 0)
+    for seed in plan["seeds"] if epochs else ():
+        run_name = f"{CENTRAL}-s{seed}"
+        cfg = Config.from_run_config({**base, "seed": seed, "results-dir": str(out),
+                                      "run-name": run_name})
+        recorded = {**cfg.to_run_config(), "strategy": CENTRAL, "alpha": None,
+                    "central-epochs": epochs}
+        cells.append(Cell(run_name, recorded, cfg))
     names = [c.run_name for c in cells]
     if len(set(names)) != len(names):
         raise PlanError("two cells share a name: give them distinct `name`s")
@@ -170,11 +188,11 @@ def run_cell(cell: Cell, federation: dict, out: Path, tag: str) -> None:
 
 
 def write_report(out: Path, alphas: list) -> str:
-    records = [r for r in load_records(out) if r["config"]["alpha"] in alphas]
+    records = [r for r in load_records(out) if r["config"]["alpha"] in (*alphas, None)]
     table = summary_table(records)
+    out.mkdir(parents=True, exist_ok=True)
     (out / "table.md").write_text(table + "\n")
-    for alpha in alphas:
-        subset = [r for r in records if r["config"]["alpha"] == alpha]
+    for alpha, subset in by_alpha(records).items():
         for metric in PLOT_METRICS:
             if any(metric in x for r in subset for x in r["rounds"]):
                 plot_rounds(subset, out / f"{metric}-a{alpha:g}.png", metric,
@@ -187,6 +205,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("plan", type=Path)
     parser.add_argument("--out", type=Path, help="default: results/bench/<plan name>")
     parser.add_argument("--dry-run", action="store_true", help="list the cells and stop")
+    parser.add_argument("--max-minutes", type=float, default=None,
+                        help="start no run after this many minutes (the plan resumes later)")
     args = parser.parse_args(argv)
     try:
         plan = load_plan(args.plan)
@@ -203,11 +223,20 @@ def main(argv: list[str]) -> int:
             print(f"  {'done' if c not in todo else 'todo'}  {c.run_name}")
         return 0
     start = time.perf_counter()
+    done = 0
     for i, cell in enumerate(todo, 1):
+        if args.max_minutes is not None and time.perf_counter() - start > 60 * args.max_minutes:
+            print(f"[bench] {args.max_minutes:g} min passed: {len(todo) - done} run(s) left "
+                  "for the next invocation", flush=True)
+            break
         tag = f"[bench {i}/{len(todo)} {cell.run_name}]"
         print(f"{tag} started", flush=True)
         cell_start = time.perf_counter()
-        run_cell(cell, plan["federation"], out, tag)
+        if cell.central is not None:
+            train_central(cell.central, cell.run_config["central-epochs"], out)
+        else:
+            run_cell(cell, plan["federation"], out, tag)
+        done += 1
         per_cell = (time.perf_counter() - start) / i
         print(f"{tag} finished in {time.perf_counter() - cell_start:.0f} s; about "
               f"{per_cell * (len(todo) - i) / 60:.0f} min left", flush=True)

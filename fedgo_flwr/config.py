@@ -14,6 +14,7 @@ from typing import Any, Mapping
 
 # Choices that are not registries of their own (those are checked against the registry).
 SERVER_DEVICES = ("auto", "cpu", "cuda")
+DISTILL_SCHEDULES = ("cosine", "constant")
 
 
 class ConfigError(ValueError):
@@ -36,20 +37,27 @@ class Config:
     flip: bool = True  # random horizontal flip of client data and U (paper, App. E.2)
     distill_size: int = 3000  # samples of U used for distillation; 0 = all of U
     test_size: int = 2000  # samples of the test split used for evaluation; 0 = all
-    val_size: int = 0  # labelled server images for FedDF's early stopping; 0 = off
+    val_size: int = 0  # labelled server images for FedDF-as-published's early stopping
     # --- main FL (Algorithm 2)
     num_server_rounds: int = 5
     fraction_train: float = 0.4  # C
     local_epochs: int = 1
     batch_size: int = 64
     lr: float = 1e-3
+    round_timeout: float = 3600.0
+    # --- the server update every ensemble-distillation strategy shares
     server_epochs: int = 1  # E_s
     server_lr: float = 1e-3
     server_batch_size: int = 64
+    distill_schedule: str = "cosine"  # server lr over the T rounds: cosine (paper) | constant
     weighting: str = "odds"  # client weighting rule of the ensemble (fedgo)
     entropy_tau: float = 1.0  # temperature of the entropy rule
-    round_timeout: float = 3600.0
-    # --- FedDF's server update (Lin et al. 2020)
+    odds_beta: float = 1.0  # w_k ~ n_k Phi_k^beta; 1 = the paper
+    ensemble_space: str = "logits"  # weights mix logits (Algorithm 2) | probabilities (Thm 3.4)
+    diagnostics: bool = False  # every rule, label oracle, Phi stats per round; clients send
+    # their label histogram (read by the diagnostics only)
+    # --- FedDF's server update as published (Lin et al. 2020), instead of the shared one
+    feddf_published: bool = False
     feddf_steps: int = 500  # step budget (1e4 in the paper)
     feddf_batch_size: int = 128
     feddf_eval_every: int = 100
@@ -66,6 +74,7 @@ class Config:
     discriminator_width: int = 32  # base channels of D_k (64 in DCGAN)
     discriminator_epochs: int = 2
     discriminator_lr: float = 2e-4
+    generator_cache: bool = True  # reuse a trained G from <results-dir>/generators
     # --- where server work runs
     server_device: str = "auto"
     server_amp: bool = True  # bf16 mixed precision for server forward passes on a GPU
@@ -113,6 +122,7 @@ class Config:
     def validate(self) -> None:
         # Registries are imported here so that config stays importable on its own.
         from fedgo_flwr.data import DATASETS
+        from fedgo_flwr.distill import ENSEMBLE_SPACES
         from fedgo_flwr.models import CLASSIFIERS
         from fedgo_flwr.strategies import STRATEGIES
         from fedgo_flwr.weighting import WEIGHTINGS
@@ -122,6 +132,14 @@ class Config:
         _choice("model", self.model, CLASSIFIERS)
         _choice("weighting", self.weighting, WEIGHTINGS)
         _choice("server-device", self.server_device, SERVER_DEVICES)
+        _choice("distill-schedule", self.distill_schedule, DISTILL_SCHEDULES)
+        _choice("ensemble-space", self.ensemble_space, ENSEMBLE_SPACES)
+        _check("feddf-published", not self.feddf_published or self.strategy == "feddf",
+               f"is true, but strategy is {self.strategy!r}: it switches FedDF (strategy = "
+               "\"feddf\") to its published server update")
+        _check("val-size", self.val_size == 0 or self.feddf_published,
+               "is > 0, but only FedDF's published server update reads labelled server data: "
+               "set feddf-published = true (and strategy = \"feddf\") or val-size = 0")
         _check("alpha", self.alpha > 0, "must be > 0")
         _check("fraction-train", 0 < self.fraction_train <= 1, "must be in (0, 1]")
         for key in ("num-server-rounds", "batch-size", "server-batch-size",
@@ -134,7 +152,7 @@ class Config:
                     "feddf-steps"):
             _check(key, getattr(self, key.replace("-", "_")) >= 0, "must be >= 0")
         for key in ("lr", "server-lr", "gan-lr", "discriminator-lr", "round-timeout", "entropy-tau",
-                "feddf-clip-norm"):
+                    "feddf-clip-norm", "odds-beta"):
             _check(key, getattr(self, key.replace("-", "_")) > 0, "must be > 0")
         _check("gp-weight", self.gp_weight >= 0, "must be >= 0")
 

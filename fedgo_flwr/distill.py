@@ -16,19 +16,35 @@ from fedgo_flwr.teachers import server_autocast, teacher_logits
 from fedgo_flwr.train import descend, evaluate
 
 
-def ensemble_logits(client_logits: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """sum_k w_k(u) f(u; theta_k): weights [K, B] multiply the logits [K, B, C]."""
-    return (weights.unsqueeze(-1) * client_logits).sum(0)
+# Where the weights mix the clients: Algorithm 2 weights logits; Theorem 3.4's ensemble
+# sum_k w_k h_k mixes the clients' predicted probabilities.
+ENSEMBLE_SPACES = ("logits", "probabilities")
 
 
-def pseudo_labels(client_logits: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """y~(u) = softmax(sum_k w_k(u) f(u; theta_k))."""
-    return torch.softmax(ensemble_logits(client_logits, weights), dim=-1)
+def ensemble_log_probs(client_logits: torch.Tensor, weights: torch.Tensor,
+                       space: str = "logits") -> torch.Tensor:
+    """log y~(u), [B, C], from weights [K, B] and client logits [K, B, C]:
+    logits:        y~(u) = softmax(sum_k w_k(u) f(u; theta_k))        (Algorithm 2)
+    probabilities: y~(u) = sum_k w_k(u) softmax(f(u; theta_k))        (Theorem 3.4)"""
+    w = weights.unsqueeze(-1)
+    if space == "logits":
+        return torch.log_softmax((w * client_logits).sum(0), dim=-1)
+    if space == "probabilities":
+        log_w = torch.log(w.clamp_min(torch.finfo(w.dtype).tiny))
+        return torch.logsumexp(log_w + torch.log_softmax(client_logits, -1), dim=0)
+    raise ValueError(f"ensemble space {space!r}; allowed: {', '.join(ENSEMBLE_SPACES)}")
+
+
+def pseudo_labels(client_logits: torch.Tensor, weights: torch.Tensor,
+                  space: str = "logits") -> torch.Tensor:
+    """y~(u) of the weighted ensemble (see ensemble_log_probs)."""
+    return ensemble_log_probs(client_logits, weights, space).exp()
 
 
 def view_pseudo_labels(nets: list[nn.Module], u: torch.Tensor, n_k: torch.Tensor, rule,
                        log_odds_of_view, batches: list[torch.Tensor], *, views: int,
-                       device: torch.device, amp: bool = False) -> torch.Tensor:
+                       device: torch.device, amp: bool = False,
+                       space: str = "logits") -> torch.Tensor:
     """Pseudo-labels [V, |U|, C] of the views of U (0 as is, 1 mirrored) that the round's
     distillation `batches` meet (see draw_batches); the rest stay NaN. The teachers run once
     per round on those images only, and `rule` weights them with log Phi_k of that view,
@@ -45,7 +61,7 @@ def view_pseudo_labels(nets: list[nn.Module], u: torch.Tensor, n_k: torch.Tensor
         if targets is None:
             targets = torch.full((views, len(u), logits.shape[-1]), float("nan"))
         targets[v, samples] = pseudo_labels(
-            logits, rule(logits, log_odds_of_view(v)[:, samples], n_k))
+            logits, rule(logits, log_odds_of_view(v)[:, samples], n_k), space)
     return targets
 
 

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from fedgo_flwr.data import minibatches, random_hflip, to_unit_range
-from fedgo_flwr.train import apply_in_batches, minibatch_descent
+from fedgo_flwr.train import apply_in_batches, descend
 from fedgo_flwr.models import Critic, Discriminator, Generator
 
 log = logging.getLogger(__name__)
@@ -73,10 +73,13 @@ def train_wgan_gp(generator: Generator, critic: Critic, u: torch.Tensor, *, step
 
 def train_discriminator(discriminator: Discriminator, generator: Generator, x: torch.Tensor, *,
                         epochs: int, lr: float = 2e-4, batch_size: int = 64, flip: bool = True,
-                        seed: int = 0, device: torch.device = torch.device("cpu")) -> dict:
+                        seed: int = 0, device: torch.device = torch.device("cpu"),
+                        after_epoch: Callable[[int], None] | None = None) -> dict:
     """Algorithm 3: vanilla GAN loss, real = the client's images, fake = samples of the fixed G.
 
     D = sigmoid(s) with s = sigmoid(logit), so binary cross-entropy is taken on s as the logit.
+    after_epoch(e) is called after each epoch e (1-based), e.g. to snapshot D; it must leave D
+    in training mode and draw nothing from torch's global RNG.
     """
     start = time.perf_counter()
     gen = torch.Generator().manual_seed(seed)
@@ -94,8 +97,13 @@ def train_discriminator(discriminator: Discriminator, generator: Generator, x: t
         return (F.binary_cross_entropy_with_logits(s_real, torch.ones_like(s_real))
                 + F.binary_cross_entropy_with_logits(s_fake, torch.zeros_like(s_fake)))
 
-    loss = minibatch_descent(opt, len(x), epochs=epochs, batch_size=batch_size, gen=gen,
-                             batch_loss=batch_loss)
+    def batches():
+        for epoch in range(1, epochs + 1):
+            yield from minibatches(len(x), batch_size, gen)
+            if after_epoch is not None:
+                after_epoch(epoch)
+
+    loss = descend(opt, batches(), batch_loss)
     discriminator.eval()
     return {"discriminator-loss": loss,
             "discriminator-seconds": time.perf_counter() - start}

@@ -1,13 +1,14 @@
 """Tables and plots from run records (never from logs).
 
     python -m fedgo_flwr.report RESULTS_DIR [RESULTS_DIR ...] [--plot FILE.png]
-                                [--metric server_test_acc] [--by strategy]
+                                [--metric server_test_acc] [--by strategy] [--diagnostics]
 
 prints, per (strategy, weighting, alpha), the mean and std over seeds of the last round's
 server and ensemble test accuracy, of the server accuracy averaged over the last three
 rounds, and the rounds to reach the paper's target (the highest multiple of 5 % that FedAvg
 reaches in every seed), as a markdown table; --plot draws `--metric` against the round, one
-line per value of `--by` (a config key) with a band of one std over seeds.
+line per value of `--by` (a config key) with a band of one std over seeds; --diagnostics
+prints, per record, every rule's ensemble accuracy on the same client models round by round.
 """
 
 from __future__ import annotations
@@ -33,12 +34,29 @@ def mean_std(values: list[float]) -> str:
     return f"{100 * statistics.mean(values):.2f} ± {100 * std:.2f}"
 
 
+CENTRAL = "central"
+
+
 def label(rec: dict) -> str:
-    """strategy, plus the weighting rule where it is not the strategy's own."""
+    """The strategy, with in brackets whatever departs from its paper's ensemble (another
+    weighting rule, sharpened odds, probability space, constant schedule); FedDF's published
+    server update says so, and says when it used labelled server data."""
     c = rec["config"]
-    if c["strategy"] == "fedgo" and c.get("weighting", "odds") != "odds":
-        return f"fedgo[{c['weighting']}]"
-    return c["strategy"]
+    name = c["strategy"]
+    if name == CENTRAL:
+        return "central (pooled client data, upper bound)"
+    extras = []
+    if name == "fedgo" and c.get("weighting", "odds") != "odds":
+        extras.append(c["weighting"])
+    if name == "fedgo" and c.get("weighting", "odds") == "odds" and c.get("odds-beta", 1.0) != 1.0:
+        extras.append(f"beta={c['odds-beta']:g}")
+    if name != "fedavg" and c.get("ensemble-space", "logits") != "logits":
+        extras.append("probabilities")
+    if name != "fedavg" and c.get("distill-schedule", "cosine") != "cosine":
+        extras.append(f"{c['distill-schedule']} lr")
+    if c.get("feddf-published"):
+        name = "feddf-published" + (" (labelled val)" if c.get("val-size") else "")
+    return name + (f"[{', '.join(extras)}]" if extras else "")
 
 
 def fedavg_target(records: list[dict], metric: str = "server_test_acc") -> float | None:
@@ -64,10 +82,17 @@ def rounds_to_target(records: list[dict], target: float, metric: str = "server_t
     return text if len(hits) == len(reached) else f"{text} ({len(hits)}/{len(reached)} seeds)"
 
 
+def by_alpha(records: list[dict]) -> dict[float, list[dict]]:
+    """Records per alpha; the central reference (no clients, no alpha) joins every alpha."""
+    alphas = sorted({r["config"]["alpha"] for r in records if r["config"]["alpha"] is not None})
+    return {a: [r for r in records if r["config"]["alpha"] in (a, None)] for a in alphas}
+
+
 def summary_table(records: list[dict]) -> str:
     groups: dict[tuple, list[dict]] = defaultdict(list)
-    for rec in records:
-        groups[(label(rec), rec["config"]["alpha"])].append(rec)
+    for alpha, recs in by_alpha(records).items():
+        for rec in recs:
+            groups[(label(rec), alpha)].append(rec)
     targets = {alpha: fedavg_target([r for r in records if r["config"]["alpha"] == alpha])
                for _, alpha in groups}
     lines = ["| strategy | alpha | seeds | rounds | server test acc (%) | "
@@ -82,10 +107,42 @@ def summary_table(records: list[dict]) -> str:
         seeds = ",".join(str(r["config"]["seed"]) for r in recs)
         target = targets[alpha]
         to_target = (f"{rounds_to_target(recs, target)} ({100 * target:.0f}%)"
-                     if target is not None else "-")
+                     if target is not None and recs[0]["config"]["strategy"] != CENTRAL else "-")
         lines.append(f"| {name} | {alpha:g} | {seeds} | {last[0]['round']} | "
                      f"{mean_std(server)} | {mean_std(last3)} | {mean_std(ensemble)} | "
                      f"{to_target} |")
+    return "\n".join(lines)
+
+
+# Columns of the per-round diagnostics table: (header, space, rule).
+DIAGNOSTIC_COLUMNS = (
+    ("uniform", "logits", "uniform"), ("variance", "logits", "variance"),
+    ("entropy", "logits", "entropy"), ("domain-aware", "logits", "domain-aware"),
+    ("**odds**", "logits", "odds"), ("odds β=4", "logits", "odds-beta4"),
+    ("odds unsquashed", "logits", "odds-unsquashed"), ("uniform (prob.)", "probabilities", "uniform"),
+    ("odds (prob.)", "probabilities", "odds"), ("odds β=4 (prob.)", "probabilities", "odds-beta4"),
+    ("label oracle", "logits", "label-oracle"))
+
+
+def diagnostics_table(record: dict) -> str:
+    """Per round: the ensemble test accuracy (%) of that round's client models under every
+    rule (from the record's diagnostics), the mean weight the run's own rule and uniform
+    weighting give the client the oracle favours, and the share of Phi near its cap e."""
+    rounds = [r for r in record["rounds"] if "diagnostics" in r]
+    if not rounds:
+        return "(no diagnostics in this record: run it with diagnostics = true)"
+    columns = [c for c in DIAGNOSTIC_COLUMNS if c[2] in rounds[0]["diagnostics"][c[1]]]
+    head = ["round", "server"] + [h for h, _, _ in columns] + ["w(oracle client): own / uniform",
+                                                               "Phi near e"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rounds:
+        d = r["diagnostics"]
+        w = d.get("weight_on_oracle_client", {})
+        cells = [str(r["round"]), f"{100 * r['server_test_acc']:.1f}"]
+        cells += [f"{100 * d[space][rule]['acc']:.1f}" for _, space, rule in columns]
+        cells.append(f"{w['active']:.2f} / {w['uniform']:.2f}" if w else "-")
+        cells.append(f"{100 * d['phi']['share_near_cap']:.0f} %" if "phi" in d else "-")
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -102,6 +159,12 @@ def plot_rounds(records: list[dict], path: Path, metric: str = "server_test_acc"
         groups[by(rec)].append(rec)
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for name, recs in sorted(groups.items()):
+        if recs[0]["config"]["strategy"] == CENTRAL:  # epochs, not rounds: its final level
+            level = 100 * np.mean([rec["rounds"][-1][metric] for rec in recs
+                                   if metric in rec["rounds"][-1]] or [np.nan])
+            if np.isfinite(level):
+                ax.axhline(level, color="k", ls="--", lw=1, label=f"{name} (n={len(recs)})")
+            continue
         rounds = sorted({r["round"] for rec in recs for r in rec["rounds"] if metric in r})
         values = np.array([[next(r[metric] for r in rec["rounds"] if r["round"] == t)
                             for t in rounds] for rec in recs]) * 100
@@ -127,11 +190,18 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--metric", default="server_test_acc")
     parser.add_argument("--by", default=None, help="config key to group lines by")
     parser.add_argument("--title", default="")
+    parser.add_argument("--diagnostics", action="store_true",
+                        help="per record, the per-round table of every rule and the oracle")
     args = parser.parse_args(argv)
     records = load_records(*args.dirs)
     if not records:
         print(f"no record.json under {[str(d) for d in args.dirs]}")
         return 1
+    if args.diagnostics:
+        for rec in records:
+            print(f"\n### {rec['run_name']} ({label(rec)}, alpha {rec['config']['alpha']})\n")
+            print(diagnostics_table(rec))
+        return 0
     print(summary_table(records))
     if args.plot:
         by = (lambda rec: str(rec["config"][args.by])) if args.by else label

@@ -15,12 +15,13 @@ import torch
 WeightRule = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def odds_weights(logits: torch.Tensor, log_odds: torch.Tensor,
-                 num_examples: torch.Tensor) -> torch.Tensor:
+def odds_weights(logits: torch.Tensor, log_odds: torch.Tensor, num_examples: torch.Tensor,
+                 beta: float = 1.0) -> torch.Tensor:
     """FedGO, eq. (9): w_k(u) = n_k Phi_k(u) / sum_i n_i Phi_i(u), computed in log space as
-    softmax_k(log n_k + log Phi_k(u))."""
+    softmax_k(log n_k + log Phi_k(u)). beta != 1 sharpens the odds, w_k proportional to
+    n_k Phi_k(u)^beta (not in the paper; the double sigmoid caps any odds ratio at e^beta)."""
     log_n = torch.log(num_examples.to(log_odds.dtype)).unsqueeze(1)
-    return torch.softmax(log_n + log_odds, dim=0)
+    return torch.softmax(log_n + beta * log_odds, dim=0)
 
 
 def uniform_weights(logits: torch.Tensor, log_odds: torch.Tensor,
@@ -62,11 +63,27 @@ WEIGHTINGS: dict[str, WeightRule] = {
 }
 
 
-def weighting_rule(name: str, entropy_tau: float = 1.0) -> WeightRule:
+# Rules that read the discriminators' log-odds; the others ignore them.
+NEEDS_DISCRIMINATORS = ("odds", "domain-aware")
+
+
+def weighting_rule(name: str, entropy_tau: float = 1.0, odds_beta: float = 1.0) -> WeightRule:
     """The registered rule `name`, with its parameters bound."""
     if name == "entropy":
         return partial(entropy_weights, tau=entropy_tau)
+    if name == "odds" and odds_beta != 1.0:
+        return partial(odds_weights, beta=odds_beta)
     return WEIGHTINGS[name]
+
+
+def label_oracle_weights(histograms: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The label oracle, a diagnostic that no algorithm may use: w_k(x) = n_{k,y(x)} /
+    sum_i n_{i,y(x)}, each client weighted by how many images of x's true class it holds
+    (uniform where no client holds the class). histograms [K, C], labels [N] -> [K, N]."""
+    counts = histograms.to(torch.float64)[:, labels]
+    total = counts.sum(0, keepdim=True)
+    uniform = torch.full_like(counts, 1.0 / len(histograms))
+    return torch.where(total > 0, counts / total.clamp_min(1.0), uniform).float()
 
 
 def log_odds_of(d: torch.Tensor) -> torch.Tensor:

@@ -10,7 +10,7 @@ from fedgo_flwr.config import Config
 PLAN = {"name": "t", "preset": "conf/fmnist-compare.toml", "config": {"num-server-rounds": 3},
         "federation": {"num-supernodes": 20}, "alphas": [0.1, 0.05], "seeds": [0, 1],
         "cells": ["fedavg", {"strategy": "fedgo", "weighting": "uniform"},
-                  {"name": "feddf-es", "preset": "conf/feddf.toml",
+                  {"name": "feddf-es", "preset": "conf/feddf-published.toml",
                    "num-server-rounds": 4}]}
 
 
@@ -67,3 +67,44 @@ def test_finished_cells_are_skipped_and_stale_records_refused(tmp_path, capsys):
     (tmp_path / cell.run_name / "record.json").write_text(json.dumps(record))
     with pytest.raises(PlanError, match=r"another config \(keys \['local-epochs'\]\)"):
         finished(cell, tmp_path)
+
+
+def test_max_minutes_starts_no_run_after_the_budget(tmp_path, monkeypatch, capsys):
+    import time
+    from fedgo_flwr import bench
+    started = []
+
+    def fake_run(cell, federation, out, tag):
+        started.append(cell.run_name)
+        time.sleep(0.2)
+
+    monkeypatch.setattr(bench, "run_cell", fake_run)
+    plan = write_plan(tmp_path, cells=["fedavg"], alphas=[0.1], seeds=[0, 1, 2])
+    assert main([str(plan), "--out", str(tmp_path / "out"), "--max-minutes", "0.001"]) == 0
+    assert started == ["fedavg-a0.1-s0"]  # the budget passed during the first run
+    assert "2 run(s) left for the next invocation" in capsys.readouterr().out
+
+
+def test_central_reference_one_run_per_seed_in_every_alphas_table(tiny_config, tmp_path):
+    from fedgo_flwr.central import train_central
+    from fedgo_flwr.report import summary_table
+    plan = load_plan(write_plan(tmp_path, central=2))
+    cells = cells_of(plan, tmp_path)
+    central = [c for c in cells if c.central is not None]
+    assert [c.run_name for c in central] == ["central-s0", "central-s1"]
+    assert central[0].run_config["central-epochs"] == 2
+    path = train_central(tiny_config, 2, tmp_path)
+    record = json.loads(path.read_text())
+    assert [r["round"] for r in record["rounds"]] == [0, 1, 2]
+    assert record["rounds"][2]["server_test_acc"] > record["rounds"][0]["server_test_acc"]
+    fedavg = {"config": {"strategy": "fedavg", "alpha": 0.1, "seed": 0},
+              "rounds": [{"round": 1, "server_test_acc": 0.5}]}
+    rows = summary_table([record, fedavg, {**fedavg, "config": {**fedavg["config"],
+                                                                "alpha": 0.05}}]).splitlines()[2:]
+    central_rows = [r for r in rows if r.startswith("| central")]
+    assert len(central_rows) == 2 and central_rows[0].endswith("| - |")
+
+
+def test_central_must_be_a_number_of_epochs(tmp_path):
+    with pytest.raises(PlanError, match="'central' is the reference's number of epochs"):
+        load_plan(write_plan(tmp_path, central="yes"))

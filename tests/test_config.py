@@ -26,6 +26,11 @@ def test_run_config_round_trip_and_int_for_float():
     ("local-epochs", 1.5, "'local-epochs' must be a int"),
     ("flip", "yes", "'flip' must be a bool"),
     ("num-server-rounds", 0, "'num-server-rounds' must be >= 1"),
+    ("distill-schedule", "step", "allowed values: constant, cosine"),
+    ("ensemble-space", "margins", "allowed values: logits, probabilities"),
+    ("odds-beta", 0.0, "'odds-beta' must be > 0"),
+    ("feddf-published", True, "it switches FedDF"),
+    ("val-size", 100, "only FedDF's published server update reads labelled server data"),
 ])
 def test_bad_values_fail_naming_key_and_allowed_values(key, value, needle):
     with pytest.raises(ConfigError) as err:

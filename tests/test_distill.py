@@ -1,7 +1,9 @@
 import torch
 
-from fedgo_flwr.distill import (cosine_lr, distill, draw_batches, ensemble_logits, kl_to_targets,
-                                pseudo_labels, view_pseudo_labels)
+import pytest
+
+from fedgo_flwr.distill import (cosine_lr, distill, draw_batches, ensemble_log_probs,
+                                kl_to_targets, pseudo_labels, view_pseudo_labels)
 from fedgo_flwr.models import CNN
 from fedgo_flwr.weighting import odds_weights
 
@@ -9,8 +11,23 @@ from fedgo_flwr.weighting import odds_weights
 def test_pseudo_labels_weight_logits_then_softmax():
     logits = torch.tensor([[[2.0, 0.0]], [[0.0, 4.0]]])  # K=2, B=1, C=2
     w = torch.tensor([[0.75], [0.25]])
-    torch.testing.assert_close(ensemble_logits(logits, w), torch.tensor([[1.5, 1.0]]))
+    torch.testing.assert_close(ensemble_log_probs(logits, w),
+                               torch.log_softmax(torch.tensor([[1.5, 1.0]]), -1))
     torch.testing.assert_close(pseudo_labels(logits, w), torch.softmax(torch.tensor([[1.5, 1.0]]), -1))
+
+
+def test_probability_space_mixes_the_clients_predictions():
+    logits = torch.tensor([[[2.0, 0.0]], [[0.0, 4.0]]])
+    w = torch.tensor([[0.75], [0.25]])
+    mixture = 0.75 * torch.softmax(logits[0], -1) + 0.25 * torch.softmax(logits[1], -1)
+    torch.testing.assert_close(pseudo_labels(logits, w, "probabilities"), mixture)
+    # A client with weight 0 contributes nothing, even with extreme logits.
+    w0 = torch.tensor([[1.0], [0.0]])
+    extreme = torch.tensor([[[2.0, 0.0]], [[0.0, 1e4]]])
+    torch.testing.assert_close(pseudo_labels(extreme, w0, "probabilities"),
+                               torch.softmax(extreme[0], -1))
+    with pytest.raises(ValueError, match="allowed: logits, probabilities"):
+        ensemble_log_probs(logits, w, "margins")
 
 
 def test_one_distillation_step_lowers_the_kl():

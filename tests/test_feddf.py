@@ -65,7 +65,8 @@ def test_early_stopping_keeps_an_improved_checkpoint():
 
 
 def test_validation_split_is_labelled_server_data_outside_u(tiny_config):
-    cfg = tiny_config.replace(distill_size=300, val_size=100)
+    cfg = tiny_config.replace(strategy="feddf", feddf_published=True, distill_size=300,
+                              val_size=100)
     val = validation_indices(cfg)
     assert len(val) == 100
     assert len(np.intersect1d(val, distillation_indices(cfg))) == 0
@@ -75,15 +76,53 @@ def test_validation_split_is_labelled_server_data_outside_u(tiny_config):
         validation_indices(cfg.replace(val_size=201))
 
 
-def test_feddf_teacher_is_the_uniform_ensemble(tiny_config):
-    cfg = tiny_config.replace(num_server_rounds=1, distill_size=300, val_size=100,
-                              feddf_steps=20, feddf_eval_every=5)
-    records = {}
-    for name, c in (("feddf", cfg.replace(strategy="feddf", run_name="df")),
-                    ("fedgo-uniform", cfg.replace(weighting="uniform", run_name="gu"))):
+def _round_entries(cfg, **variants):
+    out = {}
+    for name, changes in variants.items():
+        c = cfg.replace(run_name=name, **changes)
         grid = InProcessGrid(client_app, c.to_run_config(), 4)
-        records[name] = json.loads(run(grid, c).read_text())["rounds"][1]
-    df, gu = records["feddf"], records["fedgo-uniform"]
-    assert df["ensemble_test_loss"] == gu["ensemble_test_loss"]
-    assert df["clients"] == gu["clients"]
-    assert df["distill_steps"] <= 20 and 0 <= df["val_acc"] <= 1
+        out[name] = json.loads(run(grid, c).read_text())["rounds"][1:]
+    return out
+
+
+def test_shared_protocol_feddf_and_fedgo_distil_alike(tiny_config):
+    """By default FedDF, FedGO and FedGO with uniform weights take the same distillation steps
+    at the same learning rates; FedDF and FedGO[uniform] then differ in nothing at all."""
+    cfg = tiny_config.replace(num_server_rounds=2, distill_size=300, server_epochs=2)
+    runs = _round_entries(cfg, feddf={"strategy": "feddf"}, fedgo={},
+                          fedgo_uniform={"weighting": "uniform"})
+    steps = 2 * -(-300 // cfg.server_batch_size)  # E_s passes over U
+    for df, go, gu in zip(runs["feddf"], runs["fedgo"], runs["fedgo_uniform"]):
+        assert df["distill_steps"] == go["distill_steps"] == gu["distill_steps"] == steps
+        assert df["distill_lr"] == go["distill_lr"] == gu["distill_lr"]
+        assert "val_acc" not in df  # no labelled data
+        assert df["clients"] == go["clients"]
+        for key in ("ensemble_test_loss", "distill_loss", "server_test_acc", "server_test_loss"):
+            assert df[key] == gu[key], key
+    lrs = [r["distill_lr"] for r in runs["fedgo"]]
+    assert lrs == [cfg.server_lr, 0.5 * cfg.server_lr]  # cosine over T = 2 rounds
+
+
+def test_constant_schedule_keeps_the_server_lr(tiny_config):
+    runs = _round_entries(tiny_config, const={"distill_schedule": "constant"})
+    assert [r["distill_lr"] for r in runs["const"]] == [tiny_config.server_lr] * 2
+
+
+def test_feddf_published_uses_its_step_budget_and_labelled_data(tiny_config):
+    cfg = tiny_config.replace(num_server_rounds=1, distill_size=300)
+    runs = _round_entries(cfg, pub={"strategy": "feddf", "feddf_published": True,
+                                    "val_size": 100, "feddf_steps": 20, "feddf_eval_every": 5})
+    r = runs["pub"][0]
+    assert r["distill_steps"] <= 20 and 0 <= r["val_acc"] <= 1
+    assert r["distill_lr"] == cfg.server_lr  # restarted every round
+
+
+def test_labels_name_what_departs_from_the_paper():
+    from fedgo_flwr.report import label
+    rec = lambda **c: {"config": {"strategy": "fedgo", **c}}
+    assert label(rec()) == "fedgo"
+    assert label(rec(**{"odds-beta": 4.0, "ensemble-space": "probabilities"})) == \
+        "fedgo[beta=4, probabilities]"
+    assert label(rec(strategy="feddf", **{"feddf-published": True, "val-size": 1000})) == \
+        "feddf-published (labelled val)"
+    assert label(rec(strategy="feddf", **{"distill-schedule": "constant"})) == "feddf[constant lr]"

@@ -51,3 +51,19 @@ def test_plot_writes_a_png(tmp_path):
             for s in range(3)]
     path = plot_rounds(recs, tmp_path / "p.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_diagnostics_table_has_a_row_per_round_and_a_column_per_rule():
+    from fedgo_flwr.report import diagnostics_table
+    diag = {"logits": {"uniform": {"acc": 0.41}, "odds": {"acc": 0.474},
+                       "label-oracle": {"acc": 0.948}},
+            "probabilities": {"odds": {"acc": 0.655}},
+            "weight_on_oracle_client": {"active": 0.3, "uniform": 0.125},
+            "phi": {"share_near_cap": 0.25}}
+    rec = {"rounds": [{"round": 0, "server_test_acc": 0.1},
+                      {"round": 1, "server_test_acc": 0.5, "diagnostics": diag}]}
+    lines = diagnostics_table(rec).splitlines()
+    assert lines[0] == ("| round | server | uniform | **odds** | odds (prob.) | label oracle | "
+                        "w(oracle client): own / uniform | Phi near e |")
+    assert lines[2] == "| 1 | 50.0 | 41.0 | 47.4 | 65.5 | 94.8 | 0.30 / 0.12 | 25 % |"
+    assert "no diagnostics" in diagnostics_table({"rounds": [{"round": 0}]})

@@ -94,14 +94,67 @@ def test_nodes_that_cannot_load_their_partition_fail_the_run_fast(tiny_config):
         run(InProcessGrid(client_app, cfg.to_run_config(), 200), cfg)
 
 
-def test_weighting_key_swaps_the_rule_and_nothing_else(tiny_config):
+def _without_reuse(pre_fl: dict) -> dict:
+    return {**pre_fl, "generator": {k: v for k, v in pre_fl["generator"].items() if k != "reused"}}
+
+
+def test_each_rule_alone_gives_what_the_all_rules_diagnostic_reports(tiny_config):
+    """One run with diagnostics scores every rule on its round's client models; a run that
+    swaps in any one rule (and nothing else) gets exactly that rule's ensemble."""
     from fedgo_flwr.weighting import WEIGHTINGS
-    base = tiny_config.replace(num_server_rounds=1)
+    base = tiny_config.replace(num_server_rounds=1, diagnostics=True)
     records = {name: _run(base.replace(weighting=name, run_name=name))[0] for name in WEIGHTINGS}
+    records["odds-beta4"] = _run(base.replace(odds_beta=4.0, run_name="b4"))[0]
+    records["probabilities"] = _run(base.replace(ensemble_space="probabilities", run_name="p"))[0]
     odds = records["odds"]
+    diag = odds["rounds"][1]["diagnostics"]
     for name, rec in records.items():
-        assert rec["pre_fl"] == odds["pre_fl"], name  # same G, same D_k
+        assert _without_reuse(rec["pre_fl"]) == _without_reuse(odds["pre_fl"]), name  # same G, D_k
         assert rec["rounds"][1]["clients"] == odds["rounds"][1]["clients"], name
         assert rec["rounds"][1]["train_loss"] == odds["rounds"][1]["train_loss"], name
-    ensemble = {rec["rounds"][1]["ensemble_test_loss"] for rec in records.values()}
-    assert len(ensemble) == len(WEIGHTINGS)  # each rule gives its own ensemble
+    for name in (*WEIGHTINGS, "odds-beta4"):
+        r = records[name]["rounds"][1]
+        assert diag["logits"][name]["acc"] == r["ensemble_test_acc"], name
+        assert diag["logits"][name]["loss"] == pytest.approx(r["ensemble_test_loss"], abs=1e-6)
+    r = records["probabilities"]["rounds"][1]
+    assert diag["probabilities"]["odds"]["acc"] == r["ensemble_test_acc"]
+    assert diag["probabilities"]["odds"]["loss"] == pytest.approx(r["ensemble_test_loss"], abs=1e-6)
+    assert len({rec["rounds"][1]["ensemble_test_loss"] for rec in records.values()}) == len(records)
+    assert diag["weight_on_oracle_client"]["active"] == diag["weight_on_oracle_client"]["odds"]
+    assert {"label-oracle", "odds-unsquashed"} <= set(diag["logits"])
+    assert 1 < diag["phi"]["min"] <= diag["phi"]["mean"] <= diag["phi"]["max"] < np.e
+    assert set(odds["clients"]["label_histograms"]) == {"0", "1", "2", "3"}
+
+
+def _info_replies(cfg):
+    infos = []
+
+    def tamper(reply):
+        info = reply.content.metric_records.get("info")
+        if info is not None:
+            infos.append(dict(info))
+        return reply
+
+    record, _ = _run(cfg, tamper=tamper)
+    return record, infos
+
+
+def test_clients_send_their_label_histogram_only_when_the_diagnostics_ask(tiny_config):
+    from fedgo_flwr.data import client_data
+    cfg = tiny_config.replace(num_server_rounds=1)
+    record, infos = _info_replies(cfg)
+    assert len(infos) == 4 and all("label-histogram" not in i for i in infos)
+    assert "label_histograms" not in record["clients"]
+    assert all("diagnostics" not in r for r in record["rounds"])
+    record, infos = _info_replies(cfg.replace(diagnostics=True, run_name="diag"))
+    for info in infos:
+        _, y = client_data(cfg, int(info["partition-id"]), 4)
+        assert info["label-histogram"] == torch.bincount(y, minlength=10).tolist()
+    assert "diagnostics" in record["rounds"][1]
+
+
+def test_feddf_diagnostics_score_the_rules_that_need_no_discriminator(tiny_config):
+    cfg = tiny_config.replace(strategy="feddf", num_server_rounds=1, diagnostics=True)
+    diag = _run(cfg)[0]["rounds"][1]["diagnostics"]
+    assert set(diag["logits"]) == {"uniform", "variance", "entropy", "label-oracle"}
+    assert "phi" not in diag

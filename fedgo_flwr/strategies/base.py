@@ -23,7 +23,8 @@ from fedgo_flwr.config import Config
 from fedgo_flwr.models import create_classifier
 from fedgo_flwr.results import RunRecord, round_line
 from fedgo_flwr.strategies.clients import (ClientDirectory, config_record, discover_clients,
-                                           payload_bytes, reply_problem, sample_partitions)
+                                           payload_bytes, reply_problem, round_seed,
+                                           sample_partitions)
 from fedgo_flwr.teachers import server_autocast
 from fedgo_flwr.train import evaluate
 
@@ -90,18 +91,22 @@ class FedAvgStrategy(FedAvg):
     # --- pre-FL
     def prepare(self, grid: Grid) -> None:
         """Learn the clients (partition id, node id, n_k) before the first round."""
-        self.clients = discover_clients(grid, timeout=self.cfg.round_timeout)
+        self.clients = discover_clients(grid, timeout=self.cfg.round_timeout,
+                                        label_histograms=self.cfg.diagnostics and self.has_ensemble)
         self.record.data["clients"] = {
             "num_partitions": self.clients.num_partitions,
             "num_examples": {str(p): c.num_examples for p, c in self.clients.by_partition.items()},
         }
+        if self.cfg.diagnostics and self.has_ensemble:
+            self.record.data["clients"]["label_histograms"] = {
+                str(p): list(c.label_histogram) for p, c in self.clients.by_partition.items()}
 
     # --- main FL
     def train_config(self, server_round: int) -> ConfigRecord:
         cfg = self.cfg
         return config_record(server_round=server_round, local_epochs=cfg.local_epochs,
                              batch_size=cfg.batch_size, lr=cfg.lr, flip=cfg.flip,
-                             seed=cfg.seed * 1_000 + server_round)
+                             seed=round_seed(cfg.seed, server_round))
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:

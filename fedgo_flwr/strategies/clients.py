@@ -24,6 +24,7 @@ class Client:
     partition_id: int
     node_id: int
     num_examples: int
+    label_histogram: tuple[int, ...] | None = None  # sent only for diagnostics
 
 
 class ClientDirectory:
@@ -38,6 +39,13 @@ class ClientDirectory:
     def partition_ids(self) -> list[int]:
         return list(self.by_partition)
 
+    def label_histograms(self, partition_ids: list[int]) -> torch.Tensor | None:
+        """[K, C] label counts of these partitions, or None unless every one reported them."""
+        hists = [self.by_partition[p].label_histogram for p in partition_ids]
+        if not hists or any(h is None for h in hists):
+            return None
+        return torch.tensor(hists, dtype=torch.long)
+
     def partition_of(self, node_id: int) -> int | None:
         for c in self.by_partition.values():
             if c.node_id == node_id:
@@ -45,9 +53,11 @@ class ClientDirectory:
         return None
 
 
-def discover_clients(grid: Grid, timeout: float, poll: float = 2.0) -> ClientDirectory:
-    """Ask every connected node for its partition id, partition count and n_k, until all
-    partitions 0..K-1 have answered (deployment nodes may connect late) or `timeout` passes."""
+def discover_clients(grid: Grid, timeout: float, poll: float = 2.0,
+                     label_histograms: bool = False) -> ClientDirectory:
+    """Ask every connected node for its partition id, partition count and n_k (and, for the
+    diagnostics alone, its label histogram), until all partitions 0..K-1 have answered
+    (deployment nodes may connect late) or `timeout` passes."""
     deadline = time.monotonic() + timeout
     clients: dict[int, Client] = {}
     asked: set[int] = set()
@@ -55,7 +65,8 @@ def discover_clients(grid: Grid, timeout: float, poll: float = 2.0) -> ClientDir
     while True:
         new = [n for n in grid.get_node_ids() if n not in asked]
         asked.update(new)
-        msgs = [Message(RecordDict(), dst_node_id=n, message_type=QUERY_INFO) for n in new]
+        ask = RecordDict({"config": config_record(label_histogram=label_histograms)})
+        msgs = [Message(ask, dst_node_id=n, message_type=QUERY_INFO) for n in new]
         failed = {}
         for reply in grid.send_and_receive(msgs, timeout=max(deadline - time.monotonic(), 1.0)):
             node = reply.metadata.src_node_id
@@ -65,6 +76,7 @@ def discover_clients(grid: Grid, timeout: float, poll: float = 2.0) -> ClientDir
             info = reply.content.metric_records.get("info")
             try:
                 pid, k, n = (int(info[key]) for key in ("partition-id", "num-partitions", "num-examples"))
+                hist = tuple(int(c) for c in info["label-histogram"]) if label_histograms else None
             except (TypeError, KeyError, ValueError):
                 failed[node] = f"malformed info reply {info}"
                 continue
@@ -75,7 +87,7 @@ def discover_clients(grid: Grid, timeout: float, poll: float = 2.0) -> ClientDir
             if pid in clients:
                 raise RuntimeError(f"partition-id {pid} is claimed by nodes "
                                    f"{clients[pid].node_id} and {node}: fix --node-config")
-            clients[pid] = Client(pid, node, n)
+            clients[pid] = Client(pid, node, n, hist)
         if failed:
             # Loading a partition is deterministic: a node that failed once is not asked again,
             # so waiting for it would only run into the timeout.
@@ -127,6 +139,16 @@ def payload_bytes(replies: list[Message], array_key: str) -> int:
     """Bytes of the `array_key` arrays that arrived (counted before any reply is checked)."""
     return sum(r.content.array_records[array_key].count_bytes() for r in replies
                if not r.has_error() and array_key in r.content.array_records)
+
+
+def round_seed(seed: int, server_round: int) -> int:
+    """The seed of one round's client training and distillation batches."""
+    return seed * 1_000 + server_round
+
+
+def client_seed(stage_seed: int, partition_id: int) -> int:
+    """The server's seed for a stage or round, made distinct per client."""
+    return stage_seed * 1_000 + partition_id
 
 
 def config_record(**values) -> ConfigRecord:

@@ -1,9 +1,12 @@
-"""What every ensemble-distillation strategy does after averaging (Algorithm 1, lines 8-13):
+"""The server update every ensemble-distillation strategy shares (Algorithm 1, lines 8-13):
 pseudo-label U once with a weighted ensemble of this round's client models, distill the
-averaged model on it, and evaluate the ensemble itself on the test split.
+averaged model on it for E_s passes (Adam, `server-lr`, `server-batch-size`, the learning rate
+cosine-annealed over the T rounds or constant), and evaluate the ensemble on the test split.
 
-Subclasses choose the weighting rule, the discriminator log-odds it sees (if any), and how
-the student is trained on the pseudo-labels.
+Strategies differ only in the weighting rule and the discriminator log-odds it sees (FedDF:
+uniform, no discriminators; FedGO: odds). FedDF's published update (step budget, clipping,
+early stopping on labelled data) overrides `distill_batches` and `distill_student` behind
+`feddf-published`.
 """
 
 from __future__ import annotations
@@ -12,8 +15,11 @@ import time
 
 import torch
 
-from fedgo_flwr.distill import draw_batches, ensemble_logits, view_pseudo_labels
+from fedgo_flwr.diagnostics import ensemble_diagnostics
+from fedgo_flwr.distill import (cosine_lr, distill, draw_batches, ensemble_log_probs,
+                                view_pseudo_labels)
 from fedgo_flwr.strategies.base import ClientModel, FedAvgStrategy, ServerSetup
+from fedgo_flwr.strategies.clients import round_seed
 from fedgo_flwr.results import RunRecord
 from fedgo_flwr.teachers import teacher_logits
 from fedgo_flwr.train import accuracy_and_loss
@@ -22,13 +28,14 @@ from fedgo_flwr.weighting import WeightRule
 
 class EnsembleDistillation(FedAvgStrategy):
     has_ensemble = True
+    has_discriminators = False
 
     def __init__(self, setup: ServerSetup, record: RunRecord, weighting: WeightRule):
         super().__init__(setup, record)
         self.weighting = weighting
         self.views = 2 if self.cfg.flip else 1  # U as is, and mirrored
 
-    # --- what subclasses provide
+    # --- what a strategy with discriminators provides
     def u_log_odds(self, models: list[ClientModel], view: int) -> torch.Tensor:
         """log Phi_k on view `view` of U, [K, |U|]; rules without discriminators ignore it."""
         return torch.zeros(len(models), len(self.setup.u))
@@ -36,26 +43,39 @@ class EnsembleDistillation(FedAvgStrategy):
     def test_log_odds(self, models: list[ClientModel]) -> torch.Tensor:
         return torch.zeros(len(models), len(self.setup.test_y))
 
+    # --- the shared distillation protocol
+    def server_lr(self, server_round: int) -> float:
+        """The distillation learning rate of round t: cosine-annealed over the T rounds
+        (the paper's main tables) or constant (its Table 11)."""
+        cfg = self.cfg
+        if cfg.distill_schedule == "constant":
+            return cfg.server_lr
+        return cosine_lr(cfg.server_lr, server_round, cfg.num_server_rounds)
+
     def distill_batches(self, server_round: int) -> list[torch.Tensor]:
-        """This round's distillation minibatches (see draw_round_batches); none = no update."""
-        raise NotImplementedError
+        """This round's distillation minibatches: E_s shuffled passes over U."""
+        return self.draw_round_batches(server_round, epochs=self.cfg.server_epochs,
+                                       batch_size=self.cfg.server_batch_size)
 
     def draw_round_batches(self, server_round: int, *, epochs: int,
                            batch_size: int) -> list[torch.Tensor]:
         """`epochs` passes over U with random views, seeded by the run's seed and the round."""
         return draw_batches(len(self.setup.u), self.views, epochs=epochs,
-                            batch_size=batch_size, seed=self.cfg.seed * 1_000 + server_round)
+                            batch_size=batch_size, seed=round_seed(self.cfg.seed, server_round))
 
     def distill_student(self, server_round: int, student: torch.nn.Module,
                         targets: torch.Tensor, batches: list[torch.Tensor]) -> dict:
-        """Train student on pseudo-labels [V, |U|, C] over `batches`; returns at least
-        distill_loss and seconds."""
-        raise NotImplementedError
+        """One Adam step per batch on KL(y~ || student); returns distill_loss, distill_steps,
+        distill_lr and seconds."""
+        lr = self.server_lr(server_round)
+        info = distill(student, self.setup.u, targets, batches=batches, lr=lr,
+                       device=self.setup.device, amp=self.setup.amp)
+        return {**info, "distill_steps": len(batches), "distill_lr": lr}
 
     # --- the shared round
     def server_update(self, server_round: int, averaged: dict[str, torch.Tensor],
                       models: list[ClientModel]) -> dict[str, torch.Tensor]:
-        dev, u = self.setup.device, self.setup.u
+        dev, u, cfg = self.setup.device, self.setup.u, self.cfg
         entry = self.record.round(server_round)
         nets = []
         for m in models:
@@ -70,7 +90,7 @@ class EnsembleDistillation(FedAvgStrategy):
             start = time.perf_counter()
             targets = view_pseudo_labels(  # once per round, not once per epoch
                 nets, u, n_k, self.weighting, lambda v: self.u_log_odds(models, v), batches,
-                views=self.views, device=dev, amp=self.setup.amp)
+                views=self.views, device=dev, amp=self.setup.amp, space=cfg.ensemble_space)
             self.record.time("pseudo_labelling", time.perf_counter() - start, server_round)
             info = self.distill_student(server_round, student, targets, batches)
             self.record.time("distillation", info.pop("seconds"), server_round)
@@ -78,8 +98,15 @@ class EnsembleDistillation(FedAvgStrategy):
 
         start = time.perf_counter()
         test_logits = teacher_logits(nets, self.setup.test_x, device=dev, amp=self.setup.amp)
-        weights = self.weighting(test_logits, self.test_log_odds(models), n_k)
-        acc, loss = accuracy_and_loss(ensemble_logits(test_logits, weights), self.setup.test_y)
+        log_odds = self.test_log_odds(models)
+        weights = self.weighting(test_logits, log_odds, n_k)
+        acc, loss = accuracy_and_loss(ensemble_log_probs(test_logits, weights, cfg.ensemble_space),
+                                      self.setup.test_y)
         entry.update(ensemble_test_acc=acc, ensemble_test_loss=loss)
+        if cfg.diagnostics:
+            entry["diagnostics"] = ensemble_diagnostics(
+                test_logits, log_odds if self.has_discriminators else None, n_k,
+                self.setup.test_y, active=self.weighting, entropy_tau=cfg.entropy_tau,
+                histograms=self.clients.label_histograms([m.partition_id for m in models]))
         self.record.time("evaluation", time.perf_counter() - start, server_round)
         return {k: v.detach().cpu() for k, v in student.state_dict().items()}

@@ -12,8 +12,9 @@ from flwr.app import ArrayRecord, Message, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
-from fedgo_flwr.distill import cosine_lr, distill
+from fedgo_flwr.diagnostics import phi_stats
 from fedgo_flwr.gan import log_odds, train_wgan_gp
+from fedgo_flwr.generator_cache import generator_description, load_generator, save_generator
 from fedgo_flwr.models import Critic, Discriminator, Generator
 from fedgo_flwr.strategies.base import ClientModel, ServerSetup
 from fedgo_flwr.strategies.clients import ClientDirectory, config_record, payload_bytes
@@ -35,9 +36,12 @@ def new_discriminator(cfg, image_shape) -> Discriminator:
 
 
 class FedGO(EnsembleDistillation):
+    has_discriminators = True
+
     def __init__(self, setup: ServerSetup, record: RunRecord):
+        cfg = setup.cfg
         super().__init__(setup, record,
-                         weighting_rule(setup.cfg.weighting, setup.cfg.entropy_tau))
+                         weighting_rule(cfg.weighting, cfg.entropy_tau, cfg.odds_beta))
         self.row: dict[int, int] = {}  # partition id -> row of the cached odds
         self.cached_u_log_odds = torch.empty(0)  # [K, V, |U|]
         self.cached_test_log_odds = torch.empty(0)  # [K, |test|]
@@ -50,10 +54,21 @@ class FedGO(EnsembleDistillation):
         self.cache_odds(discriminators)
 
     def obtain_generator(self) -> Generator:
-        """(G1): WGAN-GP on the server's unlabeled data; 0 steps = randomly initialised G."""
-        cfg = self.cfg
+        """(G1): WGAN-GP on the server's unlabeled data; 0 steps = randomly initialised G.
+        A generator trained before on the same U with the same settings and seed is reused
+        from <results-dir>/generators (`generator-cache`)."""
+        cfg, u, dev = self.cfg, self.setup.u, self.setup.device
         torch.manual_seed(cfg.seed)
         generator = new_generator(cfg, self.setup.image_shape)
+        cache = cfg.generator_cache and cfg.generator_steps > 0
+        description = generator_description(cfg, u, dev)
+        root = cfg.results_path / "generators"
+        info = load_generator(root, description, generator) if cache else None
+        if info is not None:
+            log(INFO, "pre-FL: reusing the generator trained for %d steps (%s)",
+                cfg.generator_steps, root)
+            self.record.data["pre_fl"]["generator"] = {**info, "reused": True}
+            return generator.cpu().eval()
         c, h, _ = self.setup.image_shape
         every = max(1, cfg.generator_steps // 10)
 
@@ -62,13 +77,14 @@ class FedGO(EnsembleDistillation):
                 log(INFO, "pre-FL: generator step %d/%d | Wasserstein estimate %.3f",
                     step, cfg.generator_steps, w_dist)
 
-        info = train_wgan_gp(generator, Critic(c, h, cfg.generator_width), self.setup.u,
+        info = train_wgan_gp(generator, Critic(c, h, cfg.generator_width), u,
                              steps=cfg.generator_steps, critic_steps=cfg.critic_steps,
                              gp_weight=cfg.gp_weight, lr=cfg.gan_lr, batch_size=cfg.gan_batch_size,
-                             flip=cfg.flip, seed=cfg.seed, device=self.setup.device,
-                             progress=progress)
+                             flip=cfg.flip, seed=cfg.seed, device=dev, progress=progress)
         self.record.time("generator_training", info.pop("seconds"))
-        self.record.data["pre_fl"]["generator"] = info
+        if cache:
+            save_generator(root, description, generator, info)
+        self.record.data["pre_fl"]["generator"] = {**info, "reused": False}
         return generator.cpu().eval()
 
     def collect_discriminators(self, grid: Grid, generator: Generator) -> dict[int, Discriminator]:
@@ -122,9 +138,11 @@ class FedGO(EnsembleDistillation):
         self.cached_test_log_odds = torch.stack([
             log_odds(discriminators[p], self.setup.test_x, device=dev) for p in self.row])
         self.record.time("odds", time.perf_counter() - start)
-        phi = self.cached_u_log_odds.exp()
-        log(INFO, "pre-FL: odds on U cached for %d clients (Phi in [%.3f, %.3f], mean %.3f)",
-            len(self.row), phi.min().item(), phi.max().item(), phi.mean().item())
+        stats = phi_stats(self.cached_u_log_odds)
+        self.record.data["pre_fl"]["phi_on_u"] = stats
+        log(INFO, "pre-FL: odds on U cached for %d clients (Phi in [%.3f, %.3f], mean %.3f, "
+            "%.0f%% within 1%% of the cap e)", len(self.row), stats["min"], stats["max"],
+            stats["mean"], 100 * stats["share_near_cap"])
 
     # ------------------------------------------------------------------ main FL
     def u_log_odds(self, models: list[ClientModel], view: int) -> torch.Tensor:
@@ -132,16 +150,3 @@ class FedGO(EnsembleDistillation):
 
     def test_log_odds(self, models: list[ClientModel]) -> torch.Tensor:
         return self.cached_test_log_odds[[self.row[m.partition_id] for m in models]]
-
-    def distill_batches(self, server_round: int) -> list[torch.Tensor]:
-        """E_s shuffled passes over U."""
-        return self.draw_round_batches(server_round, epochs=self.cfg.server_epochs,
-                                       batch_size=self.cfg.server_batch_size)
-
-    def distill_student(self, server_round: int, student: torch.nn.Module,
-                        targets: torch.Tensor, batches: list[torch.Tensor]) -> dict:
-        """Adam, the learning rate cosine-annealed over the T rounds."""
-        cfg = self.cfg
-        return distill(student, self.setup.u, targets, batches=batches,
-                       lr=cosine_lr(cfg.server_lr, server_round, cfg.num_server_rounds),
-                       device=self.setup.device, amp=self.setup.amp)

@@ -1,0 +1,90 @@
+"""The mechanism, measured on the same client models: every weighting rule applied to one
+round's client logits on the test split (computed once; the rules are cheap), in both ensemble
+spaces, against the label oracle, with the weight each rule gives the client the oracle favours
+and the statistics of the odds Phi_k (the paper's Figure 2 without drift between runs).
+
+Nothing here feeds back into training: the label histograms the oracle needs are a diagnostic
+that clients send only when `diagnostics = true` asks for them.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import partial
+
+import torch
+
+from fedgo_flwr.distill import ENSEMBLE_SPACES, ensemble_log_probs
+from fedgo_flwr.train import accuracy_and_loss
+from fedgo_flwr.weighting import (NEEDS_DISCRIMINATORS, WEIGHTINGS, WeightRule,
+                                  label_oracle_weights, odds_weights, weighting_rule)
+
+# Sharpened odds reported beside the paper's beta = 1 (see odds_weights).
+ODDS_BETAS = (2, 4, 8)
+# Phi within 1 % of its cap e counts as saturated.
+NEAR_CAP = 0.99 * math.e
+ORACLE = "label-oracle"
+
+
+def unsquashed_odds_weights(logits: torch.Tensor, log_odds: torch.Tensor,
+                            num_examples: torch.Tensor) -> torch.Tensor:
+    """The odds of a single-sigmoid discriminator D' = sigmoid(logit), w_k proportional to
+    n_k exp(logit_k): what FedGO's weights would be without the second sigmoid, recovered from
+    log Phi = sigmoid(logit) (clamped where float32 saturates)."""
+    s = log_odds.clamp(1e-6, 1 - 1e-6)
+    return odds_weights(logits, torch.log(s) - torch.log1p(-s), num_examples)
+
+
+def diagnostic_rules(entropy_tau: float, with_discriminators: bool) -> dict[str, WeightRule]:
+    """Every registered rule (those reading discriminators only when there are any), the
+    sharpened odds and the unsquashed odds."""
+    rules = {name: weighting_rule(name, entropy_tau) for name in WEIGHTINGS
+             if with_discriminators or name not in NEEDS_DISCRIMINATORS}
+    if with_discriminators:
+        rules.update({f"odds-beta{b}": partial(odds_weights, beta=float(b)) for b in ODDS_BETAS})
+        rules["odds-unsquashed"] = unsquashed_odds_weights
+    return rules
+
+
+def phi_stats(log_odds: torch.Tensor) -> dict[str, float]:
+    """min, mean and max of Phi = exp(log Phi), and the share within 1 % of the cap e."""
+    phi = log_odds.double().exp()
+    return {"min": phi.min().item(), "mean": phi.mean().item(), "max": phi.max().item(),
+            "share_near_cap": (phi >= NEAR_CAP).double().mean().item()}
+
+
+def ensemble_diagnostics(logits: torch.Tensor, log_odds: torch.Tensor | None,
+                         num_examples: torch.Tensor, labels: torch.Tensor, *,
+                         active: WeightRule, entropy_tau: float = 1.0,
+                         histograms: torch.Tensor | None = None) -> dict:
+    """Diagnostics of one round's ensemble on labelled images.
+
+    logits [K, N, C] of the round's client models; log_odds [K, N] of their discriminators (None
+    when the strategy has none); num_examples n_k [K]; labels [N]; active: the run's own rule;
+    histograms [K, C] of the clients' labels (the oracle), or None.
+
+    Returns {space: {rule: {acc, loss}}} for both ensemble spaces (the oracle as 'label-oracle'),
+    'phi' statistics, and with histograms 'weight_on_oracle_client': {rule: mean over the images
+    of the weight the rule gives the client holding most images of the image's class}, the run's
+    own rule as 'active'.
+    """
+    odds_in = log_odds if log_odds is not None else torch.zeros(logits.shape[:2])
+    weights = {name: rule(logits, odds_in, num_examples)
+               for name, rule in diagnostic_rules(entropy_tau, log_odds is not None).items()}
+    active_weights = active(logits, odds_in, num_examples)
+    out: dict = {}
+    if histograms is not None:
+        weights[ORACLE] = label_oracle_weights(histograms, labels)
+        favoured = histograms[:, labels].argmax(0)  # [N]
+        rows = torch.arange(len(labels))
+        out["weight_on_oracle_client"] = {
+            name: w[favoured, rows].mean().item()
+            for name, w in {**weights, "active": active_weights}.items()}
+    for space in ENSEMBLE_SPACES:
+        out[space] = {}
+        for name, w in weights.items():
+            acc, loss = accuracy_and_loss(ensemble_log_probs(logits, w, space), labels)
+            out[space][name] = {"acc": acc, "loss": loss}
+    if log_odds is not None:
+        out["phi"] = phi_stats(log_odds)
+    return out

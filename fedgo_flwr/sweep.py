@@ -1,0 +1,239 @@
+"""Budget sweep, round 1 only (in the spirit of the paper's Tables 12 and 13): the ensemble
+test accuracy of every weighting rule against generator steps and discriminator epochs, at
+several numbers of local epochs, all on the SAME client models.
+
+    python -m fedgo_flwr.sweep [--alphas 0.1 0.05] [--seed 0] [--clients 20]
+        [--generator-steps 0 100 300 1000] [--discriminator-epochs 2 5 10]
+        [--local-epochs 1 5] [--config KEY=VALUE ...] [--out results/sweep]
+
+Round 1 is rebuilt exactly as a run makes it (same split, partitions, sampled clients, initial
+model and client seeds), with the library's functions instead of messages. Generators are
+trained once to the largest step count, snapshotting the smaller ones on the way (identical
+to shorter trainings: the same seed and draws), and stored in the generator cache of
+<results-dir>/generators, where runs with the same settings reuse them. Discriminators are
+trained once per generator to the largest epoch count and snapshotted likewise. Writes
+<out>/sweep.json and <out>/sweep.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+import torch
+
+from fedgo_flwr.config import Config, ConfigError
+from fedgo_flwr.data import client_data, load_dataset, server_data
+from fedgo_flwr.diagnostics import ORACLE, ensemble_diagnostics
+from fedgo_flwr.gan import log_odds, train_discriminator, train_wgan_gp
+from fedgo_flwr.generator_cache import generator_description, load_generator, save_generator
+from fedgo_flwr.models import Critic, create_classifier
+from fedgo_flwr.strategies.base import ClientModel, weighted_average
+from fedgo_flwr.strategies.clients import client_seed, round_seed, sample_partitions
+from fedgo_flwr.strategies.fedgo import new_discriminator, new_generator
+from fedgo_flwr.train import evaluate, predict_logits, resolve_device, train_classifier
+from fedgo_flwr.weighting import odds_weights
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def say(text: str) -> None:
+    print(f"[sweep] {text}", flush=True)
+
+
+def generators(cfg: Config, u: torch.Tensor, steps: list[int], device) -> dict[int, dict]:
+    """Generator state per step count, from the cache or trained once to max(steps)."""
+    image_shape = tuple(u.shape[1:])
+    root = cfg.results_path / "generators"
+    out: dict[int, dict] = {}
+    for s in steps:
+        torch.manual_seed(cfg.seed)  # as FedGO.obtain_generator initialises G
+        g = new_generator(cfg, image_shape)
+        if s == 0 or load_generator(root, generator_description(
+                cfg, u, device, generator_steps=s), g) is not None:
+            out[s] = copy.deepcopy(g.state_dict())
+    missing = sorted(set(steps) - set(out))
+    if not missing:
+        return out
+    torch.manual_seed(cfg.seed)
+    g = new_generator(cfg, image_shape)
+    c, h, _ = image_shape
+    critic = Critic(c, h, cfg.generator_width)
+    start = time.perf_counter()
+
+    def snapshot(step: int, w_dist: float, g_loss: float) -> None:
+        if step in missing:
+            out[step] = copy.deepcopy(g.state_dict())
+            info = {"generator-steps": step, "wasserstein-estimate": w_dist,
+                    "generator-loss": g_loss}
+            save_generator(root, generator_description(cfg, u, device, generator_steps=step),
+                           g, info)
+            say(f"generator step {step}: Wasserstein estimate {w_dist:.3f} "
+                f"({time.perf_counter() - start:.0f} s)")
+
+    train_wgan_gp(g, critic, u, steps=max(missing), critic_steps=cfg.critic_steps,
+                  gp_weight=cfg.gp_weight, lr=cfg.gan_lr, batch_size=cfg.gan_batch_size,
+                  flip=cfg.flip, seed=cfg.seed, device=device, progress=snapshot)
+    return out
+
+
+def client_models(cfg: Config, pids: list[int], num_clients: int, epochs: int, device,
+                  image_shape, num_classes) -> list[ClientModel]:
+    """Round 1's client models theta_k^1 after `epochs` local epochs, as the ClientApp makes
+    them from the initial model theta^0."""
+    torch.manual_seed(cfg.seed)  # theta^0, as the ServerApp makes it
+    initial = create_classifier(cfg.model, image_shape[0], num_classes, image_shape[1])
+    models = []
+    for pid in pids:
+        x, y = client_data(cfg, pid, num_clients)
+        net = copy.deepcopy(initial)
+        train_classifier(net, x, y, epochs=epochs, batch_size=cfg.batch_size, lr=cfg.lr,
+                         flip=cfg.flip, seed=client_seed(round_seed(cfg.seed, 1), pid),
+                         device=device)
+        models.append(ClientModel(pid, len(y), net.cpu().state_dict(), {}))
+    return models
+
+
+def discriminator_odds(cfg: Config, generator_state: dict, pids: list[int], num_clients: int,
+                       epochs: list[int], test_x, device, image_shape) -> dict[int, torch.Tensor]:
+    """log Phi_k on the test split [K, N] after each number of discriminator epochs."""
+    g = new_generator(cfg, image_shape)
+    g.load_state_dict(generator_state)
+    g.eval()
+    per_epoch: dict[int, list[torch.Tensor]] = {e: [] for e in epochs}
+    for pid in pids:
+        x, _ = client_data(cfg, pid, num_clients)
+        seed = client_seed(cfg.seed, pid)
+        torch.manual_seed(seed)  # D_k's initialisation, as the ClientApp makes it
+        d = new_discriminator(cfg, image_shape)
+
+        def snapshot(epoch: int) -> None:
+            if epoch in per_epoch:
+                per_epoch[epoch].append(log_odds(d, test_x, device=device))
+                d.train()
+
+        train_discriminator(d, g, x, epochs=max(epochs), lr=cfg.discriminator_lr,
+                            batch_size=cfg.gan_batch_size, flip=cfg.flip, seed=seed,
+                            device=device, after_epoch=snapshot)
+    return {e: torch.stack(v) for e, v in per_epoch.items()}
+
+
+def sweep(cfg: Config, alphas, num_clients, generator_steps, discriminator_epochs,
+          local_epochs) -> list[dict]:
+    device = resolve_device(cfg.server_device)
+    data = load_dataset(cfg.dataset, cfg.data_path)
+    u, test_x, test_y = server_data(cfg)
+    image_shape = tuple(u.shape[1:])
+    start = time.perf_counter()
+    gens = generators(cfg, u, sorted(set(generator_steps)), device)
+    say(f"generators ready ({time.perf_counter() - start:.0f} s)")
+    pids = sample_partitions(list(range(num_clients)), cfg.fraction_train, cfg.seed, 1)
+    rows = []
+    for alpha in alphas:
+        acfg = cfg.replace(alpha=alpha)
+        hist = torch.stack([torch.bincount(client_data(acfg, p, num_clients)[1],
+                                           minlength=data.num_classes) for p in pids])
+        n_k = hist.sum(1).float()
+        say(f"alpha {alpha:g}: round-1 clients {pids}, n_k {n_k.long().tolist()}")
+        logits, fedavg = {}, {}
+        for e in sorted(set(local_epochs)):
+            t = time.perf_counter()
+            models = client_models(acfg, pids, num_clients, e, device, image_shape,
+                                   data.num_classes)
+            nets = []
+            for m in models:
+                net = create_classifier(cfg.model, image_shape[0], data.num_classes,
+                                        image_shape[1])
+                net.load_state_dict(m.state)
+                nets.append(net)
+            logits[e] = torch.stack([predict_logits(n, test_x, device=device) for n in nets])
+            avg = create_classifier(cfg.model, image_shape[0], data.num_classes, image_shape[1])
+            avg.load_state_dict(weighted_average(models, models[0].state))
+            fedavg[e] = evaluate(avg, test_x, test_y, device=device)[0]
+            say(f"alpha {alpha:g}: {e} local epoch(s) trained, FedAvg {100 * fedavg[e]:.1f} % "
+                f"({time.perf_counter() - t:.0f} s)")
+        for steps in sorted(gens):
+            t = time.perf_counter()
+            odds = discriminator_odds(acfg, gens[steps], pids, num_clients,
+                                      sorted(set(discriminator_epochs)), test_x, device,
+                                      image_shape)
+            say(f"alpha {alpha:g}: discriminators against G({steps} steps) trained "
+                f"({time.perf_counter() - t:.0f} s)")
+            for d_epochs, log_phi in odds.items():
+                for e in sorted(logits):
+                    diag = ensemble_diagnostics(logits[e], log_phi, n_k, test_y,
+                                                active=odds_weights, histograms=hist)
+                    rows.append({"alpha": alpha, "local_epochs": e, "generator_steps": steps,
+                                 "discriminator_epochs": d_epochs, "fedavg_acc": fedavg[e],
+                                 "clients": pids, **diag})
+    return rows
+
+
+# Columns of the markdown table: (header, space, rule).
+TABLE = (("uniform", "logits", "uniform"), ("odds", "logits", "odds"),
+         ("odds β=4", "logits", "odds-beta4"), ("odds unsquashed", "logits", "odds-unsquashed"),
+         ("domain-aware", "logits", "domain-aware"), ("uniform (prob.)", "probabilities", "uniform"),
+         ("odds (prob.)", "probabilities", "odds"),
+         ("odds β=4 (prob.)", "probabilities", "odds-beta4"), ("label oracle", "logits", ORACLE))
+
+
+def markdown(rows: list[dict]) -> str:
+    head = ["alpha", "local ep.", "G steps", "D ep.", "FedAvg"] + [h for h, _, _ in TABLE] + [
+        "w(oracle client): uniform / odds", "Phi mean", "Phi near e"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in sorted(rows, key=lambda r: (-r["alpha"], r["local_epochs"], r["generator_steps"],
+                                         r["discriminator_epochs"])):
+        w = r["weight_on_oracle_client"]
+        cells = [f"{r['alpha']:g}", str(r["local_epochs"]), str(r["generator_steps"]),
+                 str(r["discriminator_epochs"]), f"{100 * r['fedavg_acc']:.1f}"]
+        cells += [f"{100 * r[space][rule]['acc']:.1f}" for _, space, rule in TABLE]
+        cells += [f"{w['uniform']:.2f} / {w['odds']:.2f}", f"{r['phi']['mean']:.2f}",
+                  f"{100 * r['phi']['share_near_cap']:.0f} %"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--alphas", type=float, nargs="+", default=[0.1, 0.05])
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--clients", type=int, default=20, help="K")
+    parser.add_argument("--generator-steps", type=int, nargs="+", default=[0, 100, 300, 1000])
+    parser.add_argument("--discriminator-epochs", type=int, nargs="+", default=[2, 5, 10])
+    parser.add_argument("--local-epochs", type=int, nargs="+", default=[1, 5])
+    parser.add_argument("--config", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="other run-config keys, TOML values (default: pyproject's, with "
+                             "the full test set)")
+    parser.add_argument("--out", type=Path, default=REPO / "results" / "sweep")
+    args = parser.parse_args(argv)
+    if min(args.generator_steps) < 0 or min(args.discriminator_epochs) < 1 or min(
+            args.local_epochs) < 1:
+        parser.error("--generator-steps must be >= 0, --discriminator-epochs and "
+                     "--local-epochs >= 1")
+    try:
+        overrides = tomllib.loads("\n".join(args.config))
+        cfg = Config.from_run_config({**Config().to_run_config(), "test-size": 0,
+                                      "results-dir": str(REPO / "results"),
+                                      **overrides, "seed": args.seed})
+    except (tomllib.TOMLDecodeError, ConfigError) as err:
+        parser.error(f"--config: {err}")
+    start = time.perf_counter()
+    rows = sweep(cfg, args.alphas, args.clients, args.generator_steps,
+                 args.discriminator_epochs, args.local_epochs)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "sweep.json").write_text(json.dumps(
+        {"config": cfg.to_run_config(), "clients": args.clients, "rows": rows,
+         "seconds": time.perf_counter() - start}, indent=1))
+    table = markdown(rows)
+    (args.out / "sweep.md").write_text(table + "\n")
+    print(f"\n{table}\n\n[sweep] {time.perf_counter() - start:.0f} s; {args.out}/sweep.md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,86 @@
+"""The label oracle, the per-rule diagnostics, and the round-1 sweep against a real run."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from fedgo_flwr.diagnostics import ensemble_diagnostics, phi_stats
+from fedgo_flwr.weighting import label_oracle_weights, odds_weights, uniform_weights
+
+
+def test_label_oracle_gives_weight_one_to_the_only_client_holding_a_class():
+    hist = torch.tensor([[5, 0, 3], [0, 0, 1], [2, 7, 0]])  # class 1: client 2 alone
+    labels = torch.tensor([1, 0, 2, 1])
+    w = label_oracle_weights(hist, labels)
+    torch.testing.assert_close(w[:, 0], torch.tensor([0.0, 0.0, 1.0]))
+    torch.testing.assert_close(w[:, 1], torch.tensor([5 / 7, 0.0, 2 / 7]))
+    torch.testing.assert_close(w[:, 2], torch.tensor([0.75, 0.25, 0.0]))
+    torch.testing.assert_close(w.sum(0), torch.ones(4))
+    nobody = label_oracle_weights(torch.tensor([[1, 0], [2, 0]]), torch.tensor([1]))
+    torch.testing.assert_close(nobody[:, 0], torch.tensor([0.5, 0.5]))
+
+
+def test_oracle_ensemble_follows_the_expert_and_weights_are_measured_on_its_client():
+    # Client k predicts class k confidently on every image; images of class k are client k's.
+    k = 3
+    labels = torch.tensor([0, 1, 2, 2])
+    logits = torch.full((k, 4, k), -5.0)
+    for c in range(k):
+        logits[c, :, c] = 5.0
+    hist = torch.eye(k, dtype=torch.long) * 10
+    log_odds = torch.full((k, 4), 0.5)
+    diag = ensemble_diagnostics(logits, log_odds, torch.ones(k), labels, active=uniform_weights,
+                                histograms=hist)
+    assert diag["logits"]["label-oracle"]["acc"] == 1.0
+    assert diag["weight_on_oracle_client"]["label-oracle"] == pytest.approx(1.0)
+    assert diag["weight_on_oracle_client"]["uniform"] == pytest.approx(1 / 3)
+    assert diag["weight_on_oracle_client"]["active"] == pytest.approx(1 / 3)
+    assert diag["logits"]["uniform"]["acc"] < 1.0  # the tie picks one class for all
+    assert diag["phi"]["min"] == pytest.approx(math.exp(0.5))
+
+
+def test_phi_stats_count_saturation_at_the_cap():
+    stats = phi_stats(torch.tensor([[0.0, 1.0], [0.999, 0.5]]))
+    assert stats["min"] == pytest.approx(1.0) and stats["max"] == pytest.approx(math.e)
+    assert stats["share_near_cap"] == 0.5
+
+
+def test_sharpened_odds_move_weight_to_the_client_with_higher_odds():
+    n = torch.ones(2)
+    log_odds = torch.tensor([[0.9], [0.1]])
+    w1 = odds_weights(torch.zeros(2, 1, 3), log_odds, n)
+    w4 = odds_weights(torch.zeros(2, 1, 3), log_odds, n, beta=4.0)
+    assert w4[0, 0] > w1[0, 0] > 0.5
+    assert w4[0, 0] / w4[1, 0] == pytest.approx(math.exp(4 * 0.8), rel=1e-5)
+
+
+def test_sweep_round_one_is_the_runs_round_one(tiny_config, tmp_path):
+    """The sweep rebuilds round 1 exactly (same clients, models, generator, discriminators):
+    its odds and uniform ensembles equal a real run's diagnostics. Its generator and
+    discriminator snapshots equal shorter trainings (the 1-step G and 1-epoch D of the run)."""
+    from client_app.app import app as client_app
+    from fedgo_flwr.inprocess import InProcessGrid
+    from fedgo_flwr.sweep import sweep
+    from server_app.app import run
+
+    cfg = tiny_config.replace(num_server_rounds=1, diagnostics=True, generator_steps=1,
+                              discriminator_epochs=1)
+    sweep_cfg = cfg.replace(results_dir=str(tmp_path / "sweep-results"))
+    rows = sweep(sweep_cfg, [cfg.alpha], 4, [0, 1, 2], [1, 2], [1])
+    row = next(r for r in rows if r["generator_steps"] == 1 and r["discriminator_epochs"] == 1)
+    record = json.loads(run(InProcessGrid(client_app, cfg.to_run_config(), 4), cfg).read_text())
+    assert record["pre_fl"]["generator"]["reused"] is False
+    diag = record["rounds"][1]["diagnostics"]
+    assert row["clients"] == record["rounds"][1]["clients"]
+    for rule in ("odds", "uniform", "label-oracle"):
+        assert row["logits"][rule]["acc"] == diag["logits"][rule]["acc"], rule
+        assert row["logits"][rule]["loss"] == pytest.approx(diag["logits"][rule]["loss"], abs=1e-6)
+    assert row["phi"] == pytest.approx(diag["phi"])
+    assert len(rows) == 3 * 2  # generator steps x discriminator epochs, one local-epoch value
+    # A run reading the sweep's cache reuses its 1-step generator and ends the same.
+    again = json.loads(run(InProcessGrid(client_app, sweep_cfg.to_run_config(), 4),
+                           sweep_cfg.replace(run_name="cached")).read_text())
+    assert again["pre_fl"]["generator"]["reused"] is True
+    assert again["rounds"][1]["server_test_acc"] == record["rounds"][1]["server_test_acc"]
