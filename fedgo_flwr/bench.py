@@ -1,8 +1,8 @@
 """Benchmark plans: a grid of real `flwr run`s described by a YAML plan, resumable, summarised
 as a markdown table and plots.
 
-    python -m fedgo_flwr.bench conf/bench/fmnist.yaml [--out DIR] [--dry-run]
-                                                      [--max-minutes M]
+    python -m fedgo_flwr.bench conf/bench/fmnist-fair.yaml [--out DIR] [--dry-run]
+                                                           [--max-minutes M]
 
 A plan (see conf/bench/) has the keys
   name        names the default output folder, results/bench/<name>
@@ -41,7 +41,8 @@ import yaml
 
 from fedgo_flwr.central import STRATEGY as CENTRAL, train_central
 from fedgo_flwr.config import Config, ConfigError
-from fedgo_flwr.report import by_alpha, load_records, plot_rounds, summary_table
+from fedgo_flwr.report import (by_alpha, load_records, plot_rounds, seed_differences,
+                               summary_table)
 
 REPO = Path(__file__).resolve().parents[1]
 PLAN_KEYS = ("name", "preset", "config", "federation", "alphas", "seeds", "cells", "central")
@@ -190,6 +191,9 @@ def run_cell(cell: Cell, federation: dict, out: Path, tag: str) -> None:
 def write_report(out: Path, alphas: list) -> str:
     records = [r for r in load_records(out) if r["config"]["alpha"] in (*alphas, None)]
     table = summary_table(records)
+    if any(r["config"]["strategy"] == "fedgo" for r in records):
+        table += ("\n\nLast-round server test accuracy of FedGO and its difference to each other "
+                  "row (points), seed by seed:\n\n" + seed_differences(records))
     out.mkdir(parents=True, exist_ok=True)
     (out / "table.md").write_text(table + "\n")
     for alpha, subset in by_alpha(records).items():

@@ -114,6 +114,26 @@ def summary_table(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def seed_differences(records: list[dict], of: str = "fedgo",
+                     metric: str = "server_test_acc") -> str:
+    """Per alpha and seed, the last-round `metric` of `of` minus that of every other strategy
+    (points), so a lead or deficit is seen seed by seed, not only in the means."""
+    cells: dict[tuple, dict[str, float]] = defaultdict(dict)
+    for alpha, recs in by_alpha(records).items():
+        for rec in recs:
+            if rec["config"]["strategy"] != CENTRAL:
+                cells[(alpha, rec["config"]["seed"])][label(rec)] = rec["rounds"][-1][metric]
+    others = sorted({name for row in cells.values() for name in row} - {of})
+    lines = [f"| alpha | seed | {of} (%) | " + " | ".join(f"{of} − {o}" for o in others) + " |",
+             "|" + "---|" * (3 + len(others))]
+    for (alpha, seed), row in sorted(cells.items(), key=lambda kv: (-kv[0][0], kv[0][1])):
+        if of not in row:
+            continue
+        diffs = [f"{100 * (row[of] - row[o]):+.1f}" if o in row else "-" for o in others]
+        lines.append(f"| {alpha:g} | {seed} | {100 * row[of]:.1f} | " + " | ".join(diffs) + " |")
+    return "\n".join(lines)
+
+
 # Columns of the per-round diagnostics table: (header, space, rule).
 DIAGNOSTIC_COLUMNS = (
     ("uniform", "logits", "uniform"), ("variance", "logits", "variance"),

@@ -7,7 +7,7 @@ import yaml
 from fedgo_flwr.bench import PlanError, cells_of, finished, load_plan, main, toml_text
 from fedgo_flwr.config import Config
 
-PLAN = {"name": "t", "preset": "conf/fmnist-compare.toml", "config": {"num-server-rounds": 3},
+PLAN = {"name": "t", "preset": "conf/fmnist-fair.toml", "config": {"num-server-rounds": 3},
         "federation": {"num-supernodes": 20}, "alphas": [0.1, 0.05], "seeds": [0, 1],
         "cells": ["fedavg", {"strategy": "fedgo", "weighting": "uniform"},
                   {"name": "feddf-es", "preset": "conf/feddf-published.toml",
@@ -108,3 +108,13 @@ def test_central_reference_one_run_per_seed_in_every_alphas_table(tiny_config, t
 def test_central_must_be_a_number_of_epochs(tmp_path):
     with pytest.raises(PlanError, match="'central' is the reference's number of epochs"):
         load_plan(write_plan(tmp_path, central="yes"))
+
+
+def test_shipped_plans_and_presets_are_valid(tmp_path):
+    from conftest import REPO
+    plans = sorted((REPO / "conf" / "bench").glob("*.yaml"))
+    assert plans
+    for plan in plans:
+        assert cells_of(load_plan(plan), tmp_path), plan
+    for preset in sorted((REPO / "conf").glob("*.toml")):
+        Config.from_run_config(tomllib.loads(preset.read_text()))

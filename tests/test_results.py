@@ -67,3 +67,14 @@ def test_diagnostics_table_has_a_row_per_round_and_a_column_per_rule():
                         "w(oracle client): own / uniform | Phi near e |")
     assert lines[2] == "| 1 | 50.0 | 41.0 | 47.4 | 65.5 | 94.8 | 0.30 / 0.12 | 25 % |"
     assert "no diagnostics" in diagnostics_table({"rounds": [{"round": 0}]})
+
+
+def test_seed_differences_compare_fedgo_with_each_row_seed_by_seed():
+    from fedgo_flwr.report import seed_differences
+    recs = [curve("fedgo", 0, [0.1, 0.70]), curve("fedavg", 0, [0.1, 0.65]),
+            curve("fedgo", 1, [0.1, 0.60]), curve("fedavg", 1, [0.1, 0.62]),
+            curve("feddf", 1, [0.1, 0.58])]
+    lines = seed_differences(recs).splitlines()
+    assert lines[0] == "| alpha | seed | fedgo (%) | fedgo − fedavg | fedgo − feddf |"
+    assert lines[2] == "| 0.1 | 0 | 70.0 | +5.0 | - |"
+    assert lines[3] == "| 0.1 | 1 | 60.0 | -2.0 | +2.0 |"
