@@ -35,11 +35,19 @@ def unsquashed_odds_weights(logits: torch.Tensor, log_odds: torch.Tensor,
     return odds_weights(logits, torch.log(s) - torch.log1p(-s), num_examples)
 
 
+def size_weights(logits: torch.Tensor, log_odds: torch.Tensor,
+                 num_examples: torch.Tensor) -> torch.Tensor:
+    """w_k = n_k / sum_i n_i: the odds rule with every Phi_k equal, which separates what the
+    discriminators add from what the client sizes add."""
+    return odds_weights(logits, torch.zeros_like(log_odds), num_examples)
+
+
 def diagnostic_rules(entropy_tau: float, with_discriminators: bool) -> dict[str, WeightRule]:
     """Every registered rule (those reading discriminators only when there are any), the
-    sharpened odds and the unsquashed odds."""
+    size-only weights, the sharpened odds and the unsquashed odds."""
     rules = {name: weighting_rule(name, entropy_tau) for name in WEIGHTINGS
              if with_discriminators or name not in NEEDS_DISCRIMINATORS}
+    rules["size"] = size_weights
     if with_discriminators:
         rules.update({f"odds-beta{b}": partial(odds_weights, beta=float(b)) for b in ODDS_BETAS})
         rules["odds-unsquashed"] = unsquashed_odds_weights

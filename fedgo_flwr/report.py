@@ -138,7 +138,7 @@ def seed_differences(records: list[dict], of: str = "fedgo",
 DIAGNOSTIC_COLUMNS = (
     ("uniform", "logits", "uniform"), ("variance", "logits", "variance"),
     ("entropy", "logits", "entropy"), ("domain-aware", "logits", "domain-aware"),
-    ("**odds**", "logits", "odds"), ("odds β=4", "logits", "odds-beta4"),
+    ("size (n_k)", "logits", "size"), ("**odds**", "logits", "odds"), ("odds β=4", "logits", "odds-beta4"),
     ("odds unsquashed", "logits", "odds-unsquashed"), ("uniform (prob.)", "probabilities", "uniform"),
     ("odds (prob.)", "probabilities", "odds"), ("odds β=4 (prob.)", "probabilities", "odds-beta4"),
     ("label oracle", "logits", "label-oracle"))

@@ -39,6 +39,8 @@ def test_oracle_ensemble_follows_the_expert_and_weights_are_measured_on_its_clie
     assert diag["weight_on_oracle_client"]["active"] == pytest.approx(1 / 3)
     assert diag["logits"]["uniform"]["acc"] < 1.0  # the tie picks one class for all
     assert diag["phi"]["min"] == pytest.approx(math.exp(0.5))
+    # With equal odds the odds rule is the size rule, w_k proportional to n_k.
+    assert diag["logits"]["odds"] == diag["logits"]["size"]
 
 
 def test_phi_stats_count_saturation_at_the_cap():
