@@ -103,6 +103,9 @@ def test_central_reference_one_run_per_seed_in_every_alphas_table(tiny_config, t
                                                                 "alpha": 0.05}}]).splitlines()[2:]
     central_rows = [r for r in rows if r.startswith("| central")]
     assert len(central_rows) == 2 and central_rows[0].endswith("| - |")
+    from fedgo_flwr.report import plot_rounds  # the reference is drawn as a level line
+    png = plot_rounds([record, fedavg], tmp_path / "with-central.png")
+    assert png.read_bytes()[:4] == b"\x89PNG"
 
 
 def test_central_must_be_a_number_of_epochs(tmp_path):
