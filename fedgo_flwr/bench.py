@@ -39,9 +39,9 @@ from pathlib import Path
 
 import yaml
 
-from fedgo_flwr.central import STRATEGY as CENTRAL, train_central
+from fedgo_flwr.central import central_run_config, train_central
 from fedgo_flwr.config import Config, ConfigError
-from fedgo_flwr.report import (by_alpha, load_records, plot_rounds, seed_differences,
+from fedgo_flwr.report import (CENTRAL, by_alpha, load_records, plot_rounds, seed_differences,
                                summary_table)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -113,9 +113,7 @@ def cells_of(plan: dict, out: Path) -> list[Cell]:
         run_name = f"{CENTRAL}-s{seed}"
         cfg = Config.from_run_config({**base, "seed": seed, "results-dir": str(out),
                                       "run-name": run_name})
-        recorded = {**cfg.to_run_config(), "strategy": CENTRAL, "alpha": None,
-                    "central-epochs": epochs}
-        cells.append(Cell(run_name, recorded, cfg))
+        cells.append(Cell(run_name, central_run_config(cfg, epochs), cfg))
     names = [c.run_name for c in cells]
     if len(set(names)) != len(names):
         raise PlanError("two cells share a name: give them distinct `name`s")
@@ -227,10 +225,9 @@ def main(argv: list[str]) -> int:
             print(f"  {'done' if c not in todo else 'todo'}  {c.run_name}")
         return 0
     start = time.perf_counter()
-    done = 0
     for i, cell in enumerate(todo, 1):
         if args.max_minutes is not None and time.perf_counter() - start > 60 * args.max_minutes:
-            print(f"[bench] {args.max_minutes:g} min passed: {len(todo) - done} run(s) left "
+            print(f"[bench] {args.max_minutes:g} min passed: {len(todo) - i + 1} run(s) left "
                   "for the next invocation", flush=True)
             break
         tag = f"[bench {i}/{len(todo)} {cell.run_name}]"
@@ -240,7 +237,6 @@ def main(argv: list[str]) -> int:
             train_central(cell.central, cell.run_config["central-epochs"], out)
         else:
             run_cell(cell, plan["federation"], out, tag)
-        done += 1
         per_cell = (time.perf_counter() - start) / i
         print(f"{tag} finished in {time.perf_counter() - cell_start:.0f} s; about "
               f"{per_cell * (len(todo) - i) / 60:.0f} min left", flush=True)

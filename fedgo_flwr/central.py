@@ -23,10 +23,16 @@ import torch
 from fedgo_flwr.config import Config, ConfigError
 from fedgo_flwr.data import load_dataset, server_data, split_indices
 from fedgo_flwr.models import create_classifier
+from fedgo_flwr.report import CENTRAL
+from fedgo_flwr.strategies.clients import round_seed
 from fedgo_flwr.train import evaluate, resolve_device, train_classifier
 
 REPO = Path(__file__).resolve().parents[1]
-STRATEGY = "central"
+
+
+def central_run_config(cfg: Config, epochs: int) -> dict:
+    """The config a central record holds: the run config, marked as the reference."""
+    return {**cfg.to_run_config(), "strategy": CENTRAL, "alpha": None, "central-epochs": epochs}
 
 
 def train_central(cfg: Config, epochs: int, out: Path) -> Path:
@@ -45,16 +51,15 @@ def train_central(cfg: Config, epochs: int, out: Path) -> Path:
     rounds = [{"round": 0, "server_test_acc": acc, "server_test_loss": loss}]
     for epoch in range(1, epochs + 1):
         info = train_classifier(model, x, y, epochs=1, batch_size=cfg.batch_size, lr=cfg.lr,
-                                flip=cfg.flip, seed=cfg.seed * 1_000 + epoch, device=device)
+                                flip=cfg.flip, seed=round_seed(cfg.seed, epoch), device=device)
         acc, loss = evaluate(model, test_x, test_y, device=device)
         rounds.append({"round": epoch, "server_test_acc": acc, "server_test_loss": loss,
                        "train_loss": info["train-loss"]})
         print(f"[central] seed {cfg.seed} epoch {epoch}/{epochs}: test acc {100 * acc:.2f} %",
               flush=True)
-    record = {"run_name": f"{STRATEGY}-s{cfg.seed}",
+    record = {"run_name": f"{CENTRAL}-s{cfg.seed}",
               "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-              "config": {**cfg.to_run_config(), "strategy": STRATEGY, "alpha": None,
-                         "central-epochs": epochs},
+              "config": central_run_config(cfg, epochs),
               "clients": {"pooled_examples": len(y)}, "rounds": rounds,
               "timings": {"wall": time.perf_counter() - start}}
     path = Path(out) / record["run_name"] / "record.json"

@@ -63,12 +63,13 @@ def phi_stats(log_odds: torch.Tensor) -> dict[str, float]:
 
 def ensemble_diagnostics(logits: torch.Tensor, log_odds: torch.Tensor | None,
                          num_examples: torch.Tensor, labels: torch.Tensor, *,
-                         active: WeightRule, entropy_tau: float = 1.0,
+                         active: torch.Tensor, entropy_tau: float = 1.0,
                          histograms: torch.Tensor | None = None) -> dict:
     """Diagnostics of one round's ensemble on labelled images.
 
     logits [K, N, C] of the round's client models; log_odds [K, N] of their discriminators (None
-    when the strategy has none); num_examples n_k [K]; labels [N]; active: the run's own rule;
+    when the strategy has none); num_examples n_k [K]; labels [N]; active: the weights [K, N]
+    of the run's own rule;
     histograms [K, C] of the clients' labels (the oracle), or None.
 
     Returns {space: {rule: {acc, loss}}} for both ensemble spaces (the oracle as 'label-oracle'),
@@ -79,7 +80,6 @@ def ensemble_diagnostics(logits: torch.Tensor, log_odds: torch.Tensor | None,
     odds_in = log_odds if log_odds is not None else torch.zeros(logits.shape[:2])
     weights = {name: rule(logits, odds_in, num_examples)
                for name, rule in diagnostic_rules(entropy_tau, log_odds is not None).items()}
-    active_weights = active(logits, odds_in, num_examples)
     out: dict = {}
     if histograms is not None:
         weights[ORACLE] = label_oracle_weights(histograms, labels)
@@ -87,7 +87,7 @@ def ensemble_diagnostics(logits: torch.Tensor, log_odds: torch.Tensor | None,
         rows = torch.arange(len(labels))
         out["weight_on_oracle_client"] = {
             name: w[favoured, rows].mean().item()
-            for name, w in {**weights, "active": active_weights}.items()}
+            for name, w in {**weights, "active": active}.items()}
     for space in ENSEMBLE_SPACES:
         out[space] = {}
         for name, w in weights.items():

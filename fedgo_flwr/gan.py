@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from fedgo_flwr.data import minibatches, random_hflip, to_unit_range
-from fedgo_flwr.train import apply_in_batches, descend
+from fedgo_flwr.train import apply_in_batches, minibatch_descent
 from fedgo_flwr.models import Critic, Discriminator, Generator
 
 log = logging.getLogger(__name__)
@@ -97,13 +97,8 @@ def train_discriminator(discriminator: Discriminator, generator: Generator, x: t
         return (F.binary_cross_entropy_with_logits(s_real, torch.ones_like(s_real))
                 + F.binary_cross_entropy_with_logits(s_fake, torch.zeros_like(s_fake)))
 
-    def batches():
-        for epoch in range(1, epochs + 1):
-            yield from minibatches(len(x), batch_size, gen)
-            if after_epoch is not None:
-                after_epoch(epoch)
-
-    loss = descend(opt, batches(), batch_loss)
+    loss = minibatch_descent(opt, len(x), epochs=epochs, batch_size=batch_size, gen=gen,
+                             batch_loss=batch_loss, after_epoch=after_epoch)
     discriminator.eval()
     return {"discriminator-loss": loss,
             "discriminator-seconds": time.perf_counter() - start}

@@ -83,20 +83,20 @@ def generators(cfg: Config, u: torch.Tensor, steps: list[int], device) -> dict[i
 
 
 def client_models(cfg: Config, pids: list[int], num_clients: int, epochs: int, device,
-                  image_shape, num_classes) -> list[ClientModel]:
+                  image_shape, num_classes) -> list[torch.nn.Module]:
     """Round 1's client models theta_k^1 after `epochs` local epochs, as the ClientApp makes
     them from the initial model theta^0."""
     torch.manual_seed(cfg.seed)  # theta^0, as the ServerApp makes it
     initial = create_classifier(cfg.model, image_shape[0], num_classes, image_shape[1])
-    models = []
+    nets = []
     for pid in pids:
         x, y = client_data(cfg, pid, num_clients)
         net = copy.deepcopy(initial)
         train_classifier(net, x, y, epochs=epochs, batch_size=cfg.batch_size, lr=cfg.lr,
                          flip=cfg.flip, seed=client_seed(round_seed(cfg.seed, 1), pid),
                          device=device)
-        models.append(ClientModel(pid, len(y), net.cpu().state_dict(), {}))
-    return models
+        nets.append(net.cpu())
+    return nets
 
 
 def discriminator_odds(cfg: Config, generator_state: dict, pids: list[int], num_clients: int,
@@ -143,15 +143,11 @@ def sweep(cfg: Config, alphas, num_clients, generator_steps, discriminator_epoch
         logits, fedavg = {}, {}
         for e in sorted(set(local_epochs)):
             t = time.perf_counter()
-            models = client_models(acfg, pids, num_clients, e, device, image_shape,
-                                   data.num_classes)
-            nets = []
-            for m in models:
-                net = create_classifier(cfg.model, image_shape[0], data.num_classes,
-                                        image_shape[1])
-                net.load_state_dict(m.state)
-                nets.append(net)
+            nets = client_models(acfg, pids, num_clients, e, device, image_shape,
+                                 data.num_classes)
             logits[e] = torch.stack([predict_logits(n, test_x, device=device) for n in nets])
+            models = [ClientModel(p, int(n), net.state_dict(), {})
+                      for p, n, net in zip(pids, n_k, nets)]
             avg = create_classifier(cfg.model, image_shape[0], data.num_classes, image_shape[1])
             avg.load_state_dict(weighted_average(models, models[0].state))
             fedavg[e] = evaluate(avg, test_x, test_y, device=device)[0]
@@ -167,7 +163,8 @@ def sweep(cfg: Config, alphas, num_clients, generator_steps, discriminator_epoch
             for d_epochs, log_phi in odds.items():
                 for e in sorted(logits):
                     diag = ensemble_diagnostics(logits[e], log_phi, n_k, test_y,
-                                                active=odds_weights, histograms=hist)
+                                                active=odds_weights(logits[e], log_phi, n_k),
+                                                histograms=hist)
                     rows.append({"alpha": alpha, "local_epochs": e, "generator_steps": steps,
                                  "discriminator_epochs": d_epochs, "fedavg_acc": fedavg[e],
                                  "clients": pids, **diag})

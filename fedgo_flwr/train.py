@@ -37,10 +37,17 @@ def descend(opt: torch.optim.Optimizer, batches: Iterable[torch.Tensor],
 
 def minibatch_descent(opt: torch.optim.Optimizer, n: int, *, epochs: int, batch_size: int,
                       gen: torch.Generator,
-                      batch_loss: Callable[[torch.Tensor], torch.Tensor]) -> float:
-    """`epochs` passes over n items in shuffled minibatches (see descend)."""
-    return descend(opt, (idx for _ in range(epochs) for idx in minibatches(n, batch_size, gen)),
-                   batch_loss)
+                      batch_loss: Callable[[torch.Tensor], torch.Tensor],
+                      after_epoch: Callable[[int], None] | None = None) -> float:
+    """`epochs` passes over n items in shuffled minibatches (see descend); after_epoch(e) is
+    called after the last step of epoch e (1-based), drawing nothing from `gen`."""
+    def batches():
+        for epoch in range(1, epochs + 1):
+            yield from minibatches(n, batch_size, gen)
+            if after_epoch is not None:
+                after_epoch(epoch)
+
+    return descend(opt, batches(), batch_loss)
 
 
 def train_classifier(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int,

@@ -31,7 +31,8 @@ def test_oracle_ensemble_follows_the_expert_and_weights_are_measured_on_its_clie
         logits[c, :, c] = 5.0
     hist = torch.eye(k, dtype=torch.long) * 10
     log_odds = torch.full((k, 4), 0.5)
-    diag = ensemble_diagnostics(logits, log_odds, torch.ones(k), labels, active=uniform_weights,
+    active = uniform_weights(logits, log_odds, torch.ones(k))
+    diag = ensemble_diagnostics(logits, log_odds, torch.ones(k), labels, active=active,
                                 histograms=hist)
     assert diag["logits"]["label-oracle"]["acc"] == 1.0
     assert diag["weight_on_oracle_client"]["label-oracle"] == pytest.approx(1.0)

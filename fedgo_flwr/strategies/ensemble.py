@@ -106,7 +106,7 @@ class EnsembleDistillation(FedAvgStrategy):
         if cfg.diagnostics:
             entry["diagnostics"] = ensemble_diagnostics(
                 test_logits, log_odds if self.has_discriminators else None, n_k,
-                self.setup.test_y, active=self.weighting, entropy_tau=cfg.entropy_tau,
+                self.setup.test_y, active=weights, entropy_tau=cfg.entropy_tau,
                 histograms=self.clients.label_histograms([m.partition_id for m in models]))
         self.record.time("evaluation", time.perf_counter() - start, server_round)
         return {k: v.detach().cpu() for k, v in student.state_dict().items()}
