@@ -17,8 +17,9 @@ A plan (see conf/bench/) has the keys
 Every cell x alpha x seed is one `flwr run` through the local SuperLink and Ray, named
 <cell>-a<alpha>-s<seed>; its record lands in <out>/<run name>/record.json and its log in
 <out>/logs/. Every cell's config is validated before anything runs. A cell whose record
-exists with the same config is not run again, so an interrupted plan resumes; a record made
-with another config stops the plan rather than mixing results. With --max-minutes no run
+exists with the same config is not run again, so an interrupted plan resumes (keys added to
+the app since, at their defaults, count as the same); a record made with another config stops
+the plan rather than mixing results. With --max-minutes no run
 starts once that many minutes have passed, so a long plan advances in chunks. At the end
 <out>/table.md and one plot per alpha and metric are written from the records there.
 """
@@ -125,8 +126,16 @@ def finished(cell: Cell, out: Path) -> bool:
     if not path.exists():
         return False
     recorded = json.loads(path.read_text())["config"]
-    differ = sorted(k for k in set(recorded) | set(cell.run_config)
-                    if k not in PLACEMENT_KEYS and recorded.get(k) != cell.run_config.get(k))
+    defaults = Config().to_run_config()
+
+    def same(key: str) -> bool:
+        if key in PLACEMENT_KEYS:
+            return True
+        if key not in recorded:  # a key added since the record was made, at its default,
+            return cell.run_config.get(key) == defaults.get(key)  # cannot have changed it
+        return recorded[key] == cell.run_config.get(key)
+
+    differ = sorted(k for k in set(recorded) | set(cell.run_config) if not same(k))
     if differ:
         raise PlanError(f"{path} was made with another config (keys {differ}); move it away "
                         f"or choose another --out")

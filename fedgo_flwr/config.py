@@ -2,13 +2,15 @@
 
 Every key is declared in ``pyproject.toml`` under ``[tool.flwr.app.config]`` with the same
 default as here (a test keeps the two equal). Keys are kebab-case there and snake_case here.
+The keys shared by every strategy are fields below; a strategy's own keys (`fedprox-mu`) are
+declared in its module (see strategies/registry.py) and read with `cfg.keys("fedprox")`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -56,13 +58,6 @@ class Config:
     ensemble_space: str = "logits"  # weights mix logits (Algorithm 2) | probabilities (Thm 3.4)
     diagnostics: bool = False  # every rule, label oracle, Phi stats per round; clients send
     # their label histogram (read by the diagnostics only)
-    # --- FedDF's server update as published (Lin et al. 2020), instead of the shared one
-    feddf_published: bool = False
-    feddf_steps: int = 500  # step budget (1e4 in the paper)
-    feddf_batch_size: int = 128
-    feddf_eval_every: int = 100
-    feddf_patience: int = 1000  # steps without a better validation accuracy
-    feddf_clip_norm: float = 5.0
     # --- pre-FL stage (generator G1 and discriminators, Algorithm 3)
     generator_steps: int = 60  # WGAN-GP generator steps on U; 0 = randomly initialised G
     critic_steps: int = 5
@@ -78,31 +73,55 @@ class Config:
     # --- where server work runs
     server_device: str = "auto"
     server_amp: bool = True  # bf16 mixed precision for server forward passes on a GPU
+    # --- the keys strategies declare (kebab-case -> value), each strategy's defaults to start
+    strategy_keys: dict = field(default_factory=lambda: _declared_defaults(), hash=False)
 
     @classmethod
     def from_run_config(cls, run_config: Mapping[str, Any]) -> "Config":
         """Build from Flower's run config (kebab-case keys); unknown keys are an error."""
-        by_key = {f.name.replace("_", "-"): f for f in fields(cls)}
-        unknown = sorted(set(run_config) - set(by_key))
+        by_key = {f.name.replace("_", "-"): f for f in fields(cls) if f.name != "strategy_keys"}
+        declared = _declared_keys()
+        unknown = sorted(set(run_config) - set(by_key) - set(declared))
         if unknown:
-            raise ConfigError(
-                f"unknown run-config key(s) {unknown}; allowed keys: {sorted(by_key)}"
-            )
-        values = {}
+            raise ConfigError(f"unknown run-config key(s) {unknown}; allowed keys: "
+                              f"{sorted([*by_key, *declared])}")
+        values, strategy_keys = {}, _declared_defaults()
         for key, value in run_config.items():
-            field = by_key[key]
-            values[field.name] = _coerce(key, value, type(getattr(cls, field.name)))
-        cfg = cls(**values)
+            if key in declared:
+                strategy_keys[key] = _coerce(key, value, type(declared[key][2]))
+            else:
+                field_ = by_key[key]
+                values[field_.name] = _coerce(key, value, type(getattr(cls, field_.name)))
+        cfg = cls(**values, strategy_keys=strategy_keys)
         cfg.validate()
         return cfg
 
     def to_run_config(self) -> dict[str, Any]:
-        return {f.name.replace("_", "-"): getattr(self, f.name) for f in fields(self)}
+        shared = {f.name.replace("_", "-"): getattr(self, f.name) for f in fields(self)
+                  if f.name != "strategy_keys"}
+        return {**shared, **self.strategy_keys}
 
     def replace(self, **changes: Any) -> "Config":
-        cfg = dataclasses.replace(self, **changes)
+        """A copy with some keys changed, snake_case (`feddf_published=True` sets a strategy's
+        key `feddf-published`)."""
+        names = {f.name for f in fields(self)}
+        declared = _declared_keys()
+        own = dict(self.strategy_keys)
+        for name in [n for n in changes if n not in names]:
+            key = name.replace("_", "-")
+            if key not in declared:
+                raise ConfigError(f"unknown run-config key {key!r}")
+            own[key] = _coerce(key, changes.pop(name), type(declared[key][2]))
+        cfg = dataclasses.replace(self, **changes, strategy_keys=own)
         cfg.validate()
         return cfg
+
+    def keys(self, strategy: str):
+        """The keys `strategy` declares, as its keys dataclass (defaults where unset)."""
+        from fedgo_flwr.strategies import STRATEGIES
+        spec = STRATEGIES[strategy]
+        return spec.keys(**{name: self.strategy_keys[key]
+                            for key, (name, _) in spec.declared_keys().items()})
 
     # --- derived values
     @property
@@ -127,34 +146,38 @@ class Config:
         from fedgo_flwr.strategies import STRATEGIES
         from fedgo_flwr.weighting import WEIGHTINGS
 
-        _choice("strategy", self.strategy, STRATEGIES)
-        _choice("dataset", self.dataset, DATASETS)
-        _choice("model", self.model, CLASSIFIERS)
-        _choice("weighting", self.weighting, WEIGHTINGS)
-        _choice("server-device", self.server_device, SERVER_DEVICES)
-        _choice("distill-schedule", self.distill_schedule, DISTILL_SCHEDULES)
-        _choice("ensemble-space", self.ensemble_space, ENSEMBLE_SPACES)
-        _check("feddf-published", not self.feddf_published or self.strategy == "feddf",
-               f"is true, but strategy is {self.strategy!r}: it switches FedDF (strategy = "
-               "\"feddf\") to its published server update")
-        _check("val-size", self.val_size == 0 or self.feddf_published,
-               "is > 0, but only FedDF's published server update reads labelled server data: "
-               "set feddf-published = true (and strategy = \"feddf\") or val-size = 0")
-        _check("alpha", self.alpha > 0, "must be > 0")
-        _check("fraction-train", 0 < self.fraction_train <= 1, "must be in (0, 1]")
+        choice("strategy", self.strategy, STRATEGIES)
+        choice("dataset", self.dataset, DATASETS)
+        choice("model", self.model, CLASSIFIERS)
+        choice("weighting", self.weighting, WEIGHTINGS)
+        choice("server-device", self.server_device, SERVER_DEVICES)
+        choice("distill-schedule", self.distill_schedule, DISTILL_SCHEDULES)
+        choice("ensemble-space", self.ensemble_space, ENSEMBLE_SPACES)
+        check("alpha", self.alpha > 0, "must be > 0")
+        check("fraction-train", 0 < self.fraction_train <= 1, "must be in (0, 1]")
         for key in ("num-server-rounds", "batch-size", "server-batch-size",
                     "gan-batch-size", "latent-dim", "critic-steps", "generator-width",
-                    "discriminator-width", "feddf-batch-size", "feddf-eval-every",
-                    "feddf-patience"):
-            _check(key, getattr(self, key.replace("-", "_")) >= 1, "must be >= 1")
+                    "discriminator-width"):
+            check(key, getattr(self, key.replace("-", "_")) >= 1, "must be >= 1")
         for key in ("local-epochs", "server-epochs", "generator-steps",
-                    "discriminator-epochs", "distill-size", "test-size", "seed", "val-size",
-                    "feddf-steps"):
-            _check(key, getattr(self, key.replace("-", "_")) >= 0, "must be >= 0")
+                    "discriminator-epochs", "distill-size", "test-size", "seed", "val-size"):
+            check(key, getattr(self, key.replace("-", "_")) >= 0, "must be >= 0")
         for key in ("lr", "server-lr", "gan-lr", "discriminator-lr", "round-timeout", "entropy-tau",
-                    "feddf-clip-norm", "odds-beta"):
-            _check(key, getattr(self, key.replace("-", "_")) > 0, "must be > 0")
-        _check("gp-weight", self.gp_weight >= 0, "must be >= 0")
+                    "odds-beta"):
+            check(key, getattr(self, key.replace("-", "_")) > 0, "must be > 0")
+        check("gp-weight", self.gp_weight >= 0, "must be >= 0")
+        for name, spec in STRATEGIES.items():  # each strategy checks its own keys
+            if spec.keys is not None and hasattr(spec.keys, "validate"):
+                self.keys(name).validate(self)
+
+
+def _declared_keys() -> dict[str, tuple[str, str, Any]]:
+    from fedgo_flwr.strategies import STRATEGIES
+    return STRATEGIES.declared_keys()
+
+
+def _declared_defaults() -> dict[str, Any]:
+    return {key: default for key, (_, _, default) in _declared_keys().items()}
 
 
 def _coerce(key: str, value: Any, kind: type) -> Any:
@@ -174,13 +197,15 @@ def _coerce(key: str, value: Any, kind: type) -> Any:
     raise ConfigError(f"run-config key '{key}' must be a {kind.__name__}, got {value!r}")
 
 
-def _choice(key: str, value: str, allowed: Mapping[str, Any] | tuple[str, ...]) -> None:
+def choice(key: str, value: str, allowed: Mapping[str, Any] | tuple[str, ...]) -> None:
+    """Fail with a message naming the key and the allowed values unless value is one."""
     if value not in allowed:
         raise ConfigError(
             f"run-config key '{key}' is {value!r}; allowed values: {', '.join(sorted(allowed))}"
         )
 
 
-def _check(key: str, ok: bool, why: str) -> None:
+def check(key: str, ok: bool, why: str) -> None:
+    """Fail with a message naming the key unless `ok`."""
     if not ok:
         raise ConfigError(f"run-config key '{key}' {why}")

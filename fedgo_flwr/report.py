@@ -2,13 +2,17 @@
 
     python -m fedgo_flwr.report RESULTS_DIR [RESULTS_DIR ...] [--plot FILE.png]
                                 [--metric server_test_acc] [--by strategy] [--diagnostics]
+                                [--communication] [--gap]
 
 prints, per (strategy, weighting, alpha), the mean and std over seeds of the last round's
 server and ensemble test accuracy, of the server accuracy averaged over the last three
 rounds, and the rounds to reach the paper's target (the highest multiple of 5 % that FedAvg
 reaches in every seed), as a markdown table; --plot draws `--metric` against the round, one
 line per value of `--by` (a config key) with a band of one std over seeds; --diagnostics
-prints, per record, every rule's ensemble accuracy on the same client models round by round.
+prints, per record, every rule's ensemble accuracy on the same client models round by round;
+--communication prints the bytes each strategy sent (pre-FL, per round, whole run) and its
+clients' compute seconds per round; --gap, per alpha, how much of the gap between the odds and
+the label oracle each option beyond the paper closes (FedGO records' diagnostics).
 """
 
 from __future__ import annotations
@@ -40,19 +44,23 @@ CENTRAL = "central"
 def label(rec: dict) -> str:
     """The strategy, with in brackets whatever departs from its paper's ensemble (another
     weighting rule, sharpened odds, probability space, constant schedule); FedDF's published
-    server update says so, and says when it used labelled server data."""
+    server update says so, and says when it used labelled server data; FedProx's clients under
+    another strategy's server read "<that strategy>+fedprox"."""
     c = rec["config"]
-    name = c["strategy"]
+    name = server = c["strategy"]
     if name == CENTRAL:
         return "central (pooled client data, upper bound)"
+    if name == "fedprox" and c.get("fedprox-base", "fedavg") != "fedavg":
+        server = c["fedprox-base"]
+        name = f"{server}+fedprox"
     extras = []
-    if name == "fedgo" and c.get("weighting", "odds") != "odds":
+    if server == "fedgo" and c.get("weighting", "odds") != "odds":
         extras.append(c["weighting"])
-    if name == "fedgo" and c.get("weighting", "odds") == "odds" and c.get("odds-beta", 1.0) != 1.0:
+    if server == "fedgo" and c.get("weighting", "odds") == "odds" and c.get("odds-beta", 1.0) != 1.0:
         extras.append(f"beta={c['odds-beta']:g}")
-    if name != "fedavg" and c.get("ensemble-space", "logits") != "logits":
+    if server not in ("fedavg", "fedprox") and c.get("ensemble-space", "logits") != "logits":
         extras.append("probabilities")
-    if name != "fedavg" and c.get("distill-schedule", "cosine") != "cosine":
+    if server not in ("fedavg", "fedprox") and c.get("distill-schedule", "cosine") != "cosine":
         extras.append(f"{c['distill-schedule']} lr")
     if c.get("feddf-published"):
         name = "feddf-published" + (" (labelled val)" if c.get("val-size") else "")
@@ -166,6 +174,37 @@ def diagnostics_table(record: dict) -> str:
     return "\n".join(lines)
 
 
+# The options beyond the paper against the odds (logits, beta 1) and the label oracle.
+GAP_VARIANTS = (("odds β=4", "logits", "odds-beta4"), ("odds (prob.)", "probabilities", "odds"),
+                ("odds β=4 (prob.)", "probabilities", "odds-beta4"),
+                ("odds unsquashed", "logits", "odds-unsquashed"))
+
+
+def gap_table(records: list[dict]) -> str:
+    """Per alpha, over the FedGO records' diagnostics (every round, every seed): the mean
+    ensemble accuracy of the odds, of each option beyond the paper and of the label oracle,
+    and the share of the odds-to-oracle gap each option closes, (m - odds) / (oracle - odds)."""
+    head = ["alpha", "seeds", "odds", *[h for h, _, _ in GAP_VARIANTS], "label oracle"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for alpha, recs in by_alpha(records).items():
+        rounds = [r["diagnostics"] for rec in recs if rec["config"]["strategy"] == "fedgo"
+                  and rec["config"].get("weighting", "odds") == "odds"
+                  for r in rec["rounds"] if "diagnostics" in r]
+        if not rounds:
+            continue
+        mean = lambda space, rule: statistics.mean(d[space][rule]["acc"] for d in rounds)
+        odds, oracle = mean("logits", "odds"), mean("logits", "label-oracle")
+        cells = [f"{alpha:g}", ",".join(str(rec["config"]["seed"]) for rec in recs
+                                        if rec["config"]["strategy"] == "fedgo"),
+                 f"{100 * odds:.1f}"]
+        for _, space, rule in GAP_VARIANTS:
+            m = mean(space, rule)
+            cells.append(f"{100 * m:.1f} ({100 * (m - odds) / (oracle - odds):+.0f} % of gap)")
+        cells.append(f"{100 * oracle:.1f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def plot_rounds(records: list[dict], path: Path, metric: str = "server_test_acc",
                 by=label, title: str = "") -> Path:
     """metric against round, one line per group with a band of one std over its records."""
@@ -203,6 +242,33 @@ def plot_rounds(records: list[dict], path: Path, metric: str = "server_test_acc"
     return path
 
 
+def mib(nbytes: float) -> str:
+    return f"{nbytes / 2 ** 20:.2f}"
+
+
+def communication_table(records: list[dict]) -> str:
+    """Per strategy (first record of each label): MiB sent down and up in the pre-FL stage,
+    per round (mean over rounds) and over the whole run, and the clients' compute seconds per
+    round (their sum, mean over rounds)."""
+    lines = ["| strategy | rounds | pre-FL down | pre-FL up | per round down | per round up | "
+             "whole run (MiB) | client s / round |", "|---|---|---|---|---|---|---|---|"]
+    seen = set()
+    for rec in records:
+        name = label(rec)
+        if name in seen or rec["config"]["strategy"] == CENTRAL:
+            continue
+        seen.add(name)
+        rounds = [r for r in rec["rounds"] if r["round"] > 0]
+        per = lambda key: statistics.mean(r["bytes"].get(key, 0) for r in rounds) if rounds else 0
+        total = sum(rec["bytes"].values())
+        seconds = [r["client_seconds"] for r in rounds if "client_seconds" in r]
+        compute = f"{statistics.mean(seconds):.1f}" if seconds else "-"
+        lines.append(f"| {name} | {len(rounds)} | {mib(rec['bytes'].get('pre_fl_down', 0))} | "
+                     f"{mib(rec['bytes'].get('pre_fl_up', 0))} | {mib(per('down'))} | "
+                     f"{mib(per('up'))} | {mib(total)} | {compute} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description="tables and plots from run records")
     parser.add_argument("dirs", nargs="+", type=Path)
@@ -212,6 +278,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--title", default="")
     parser.add_argument("--diagnostics", action="store_true",
                         help="per record, the per-round table of every rule and the oracle")
+    parser.add_argument("--communication", action="store_true",
+                        help="bytes each way (pre-FL, per round, whole run) and client seconds")
+    parser.add_argument("--gap", action="store_true",
+                        help="share of the odds-to-oracle gap each option beyond the paper closes")
     args = parser.parse_args(argv)
     records = load_records(*args.dirs)
     if not records:
@@ -221,6 +291,12 @@ def main(argv: list[str]) -> int:
         for rec in records:
             print(f"\n### {rec['run_name']} ({label(rec)}, alpha {rec['config']['alpha']})\n")
             print(diagnostics_table(rec))
+        return 0
+    if args.communication:
+        print(communication_table(records))
+        return 0
+    if args.gap:
+        print(gap_table(records))
         return 0
     print(summary_table(records))
     if args.plot:

@@ -51,9 +51,12 @@ def minibatch_descent(opt: torch.optim.Optimizer, n: int, *, epochs: int, batch_
 
 
 def train_classifier(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int,
-                     batch_size: int, lr: float, flip: bool, seed: int,
-                     device: torch.device) -> dict[str, float]:
-    """Adam on cross-entropy for `epochs` passes over (x, y); x is uint8 images."""
+                     batch_size: int, lr: float, flip: bool, seed: int, device: torch.device,
+                     extra_loss: Callable[[nn.Module], torch.Tensor] | None = None
+                     ) -> dict[str, float]:
+    """Adam on cross-entropy for `epochs` passes over (x, y); x is uint8 images.
+    `extra_loss(model)`, a strategy's term of the local objective (FedProx's proximal term),
+    is added to every minibatch's loss."""
     start = time.perf_counter()
     gen = torch.Generator().manual_seed(seed)
     model.to(device).train()
@@ -63,7 +66,8 @@ def train_classifier(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epoc
         xb = to_unit_range(x[idx]).to(device)
         if flip:
             xb = random_hflip(xb, gen)
-        return F.cross_entropy(model(xb), y[idx].to(device))
+        loss = F.cross_entropy(model(xb), y[idx].to(device))
+        return loss if extra_loss is None else loss + extra_loss(model)
 
     loss = minibatch_descent(opt, len(y), epochs=epochs, batch_size=batch_size, gen=gen,
                              batch_loss=batch_loss)

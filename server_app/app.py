@@ -44,7 +44,7 @@ def run(grid: Grid, cfg: Config) -> Path:
     log(INFO, "server: |U| = %d unlabeled, %d labelled validation, %d test images, device %s",
         len(u), len(val_y), len(test_y), setup.device)
 
-    strategy = STRATEGIES[cfg.strategy](setup, record)
+    strategy = STRATEGIES[cfg.strategy].server(setup, record)
     strategy.prepare(grid)
     torch.manual_seed(cfg.seed)  # theta_s^0 depends on the seed alone
     initial = ArrayRecord(setup.new_classifier().state_dict())

@@ -63,6 +63,14 @@ def test_finished_cells_are_skipped_and_stale_records_refused(tmp_path, capsys):
     assert finished(cell, tmp_path)  # where it was written does not matter
     assert main([str(write_plan(tmp_path)), "--out", str(tmp_path), "--dry-run"]) == 0
     assert "12 cells, 1 finished, 11 to run" in capsys.readouterr().out
+    del record["config"]["fedprox-mu"]  # a record made before the key existed ...
+    (tmp_path / cell.run_name / "record.json").write_text(json.dumps(record))
+    assert finished(cell, tmp_path)  # ... is the same run while the key keeps its default
+    cells = cells_of(load_plan(write_plan(tmp_path, config={"num-server-rounds": 3,
+                                                            "fedprox-mu": 0.01})),
+                     tmp_path / "elsewhere")
+    with pytest.raises(PlanError, match=r"another config \(keys \['fedprox-mu'\]\)"):
+        finished(cells[0], tmp_path)
     record["config"]["local-epochs"] = 5
     (tmp_path / cell.run_name / "record.json").write_text(json.dumps(record))
     with pytest.raises(PlanError, match=r"another config \(keys \['local-epochs'\]\)"):

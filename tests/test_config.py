@@ -17,7 +17,7 @@ def test_run_config_round_trip_and_int_for_float():
 
 
 @pytest.mark.parametrize("key,value,needle", [
-    ("strategy", "fedsgd", "allowed values: fedavg, feddf, fedgo"),
+    ("strategy", "fedsgd", "allowed values: dafkd, fedavg, feddf, fedgen, fedgo, fedprox"),
     ("weighting", "magic", "allowed values: domain-aware, entropy, odds, uniform, variance"),
     ("entropy-tau", 0.0, "'entropy-tau' must be > 0"),
     ("server-device", "tpu", "allowed values: auto, cpu, cuda"),

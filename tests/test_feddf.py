@@ -126,3 +126,6 @@ def test_labels_name_what_departs_from_the_paper():
     assert label(rec(strategy="feddf", **{"feddf-published": True, "val-size": 1000})) == \
         "feddf-published (labelled val)"
     assert label(rec(strategy="feddf", **{"distill-schedule": "constant"})) == "feddf[constant lr]"
+    assert label(rec(strategy="fedprox", **{"fedprox-base": "fedavg"})) == "fedprox"
+    assert label(rec(strategy="fedprox", **{"fedprox-base": "fedgo", "odds-beta": 2.0})) == \
+        "fedgo+fedprox[beta=2]"

@@ -36,3 +36,13 @@ def test_double_sigmoid_keeps_d_and_odds_bounded():
 def test_unknown_model_names_the_registered_ones():
     with pytest.raises(KeyError, match="cnn"):
         create_classifier("vgg", 1, 10, 28)
+
+
+@pytest.mark.parametrize("name", sorted(CLASSIFIERS))
+def test_every_classifier_is_its_head_over_its_latent_layer(name):
+    torch.manual_seed(0)
+    model = create_classifier(name, 3, 10, 32).eval()
+    x = torch.rand(2, 3, 32, 32) * 2 - 1
+    z = model.features(x)
+    assert z.shape == (2, model.latent_dim)
+    assert torch.allclose(model.head(z), model(x), atol=1e-6)

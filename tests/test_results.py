@@ -78,3 +78,20 @@ def test_seed_differences_compare_fedgo_with_each_row_seed_by_seed():
     assert lines[0] == "| alpha | seed | fedgo (%) | fedgo − fedavg | fedgo − feddf |"
     assert lines[2] == "| 0.1 | 0 | 70.0 | +5.0 | - |"
     assert lines[3] == "| 0.1 | 1 | 60.0 | -2.0 | +2.0 |"
+
+
+def test_gap_table_gives_the_share_of_the_odds_to_oracle_gap_each_option_closes():
+    from fedgo_flwr.report import gap_table
+
+    def diag(odds, beta4, prob, prob4, unsquashed, oracle):
+        return {"logits": {"odds": {"acc": odds}, "odds-beta4": {"acc": beta4},
+                           "odds-unsquashed": {"acc": unsquashed},
+                           "label-oracle": {"acc": oracle}},
+                "probabilities": {"odds": {"acc": prob}, "odds-beta4": {"acc": prob4}}}
+    rec = {"config": {"strategy": "fedgo", "alpha": 0.1, "seed": 0},
+           "rounds": [{"round": 1, "diagnostics": diag(0.5, 0.6, 0.5, 0.75, 0.4, 1.0)},
+                      {"round": 2, "diagnostics": diag(0.7, 0.8, 0.7, 0.85, 0.8, 1.0)}]}
+    lines = gap_table([rec]).splitlines()
+    # odds 60 %, oracle 100 %: beta 4 at 70 % closes a quarter of the 40-point gap
+    assert lines[2] == ("| 0.1 | 0 | 60.0 | 70.0 (+25 % of gap) | 60.0 (+0 % of gap) | "
+                        "80.0 (+50 % of gap) | 60.0 (+0 % of gap) | 100.0 |")

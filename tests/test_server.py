@@ -29,6 +29,7 @@ def test_fedgo_record_holds_config_rounds_timings_and_bytes(tiny_config):
         assert set(r["seconds"]) >= {"client_training", "aggregation", "pseudo_labelling",
                                      "distillation", "evaluation"}
         assert r["bytes"]["down"] == r["bytes"]["up"] > 0
+        assert 0 < r["client_seconds"] < r["seconds"]["client_training"]
     assert record["timings"]["generator_training"] > 0
     assert record["timings"]["discriminator_training"] > 0
     assert record["bytes"]["pre_fl_down"] > 0 and record["bytes"]["pre_fl_up"] > 0

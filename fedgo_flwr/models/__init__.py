@@ -7,6 +7,7 @@ from typing import Callable
 from torch import nn
 
 from fedgo_flwr.models.classifiers import CNN, ResNet18
+from fedgo_flwr.models.feature import FeatureGenerator
 from fedgo_flwr.models.gan import Critic, Discriminator, Generator
 
 CLASSIFIERS: dict[str, Callable[..., nn.Module]] = {
@@ -21,5 +22,6 @@ def create_classifier(name: str, channels: int, num_classes: int, image_size: in
     return CLASSIFIERS[name](in_channels=channels, num_classes=num_classes, image_size=image_size)
 
 
-__all__ = ["CLASSIFIERS", "CNN", "Critic", "Discriminator", "Generator", "ResNet18",
+__all__ = ["CLASSIFIERS", "CNN", "Critic", "Discriminator", "FeatureGenerator", "Generator",
+           "ResNet18",
            "create_classifier"]

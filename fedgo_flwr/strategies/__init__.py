@@ -1,13 +1,23 @@
-"""Strategy registry: run-config `strategy` -> class. A new baseline is one module and one line."""
+"""The strategy registry: run-config `strategy` -> StrategySpec (server strategy, client
+handlers, declared keys). A new method is one module and one line here."""
 
-from fedgo_flwr.strategies.base import FedAvgStrategy, ServerSetup
-from fedgo_flwr.strategies.feddf import FedDF
-from fedgo_flwr.strategies.fedgo import FedGO
+from fedgo_flwr.strategies.base import FEDAVG, FedAvgStrategy, ServerSetup
+from fedgo_flwr.strategies.dafkd import DAFKD
+from fedgo_flwr.strategies.feddf import FEDDF, FedDF
+from fedgo_flwr.strategies.fedgen import FEDGEN
+from fedgo_flwr.strategies.fedgo import FEDGO, FedGO
+from fedgo_flwr.strategies.fedprox import FEDPROX
+from fedgo_flwr.strategies.registry import Registry, StrategySpec
 
-STRATEGIES = {
-    "fedavg": FedAvgStrategy,
-    "feddf": FedDF,
-    "fedgo": FedGO,
-}
+STRATEGIES = Registry()
+for spec in (
+    FEDAVG,
+    FEDDF,
+    FEDGO,
+    FEDPROX,
+    FEDGEN,
+    DAFKD,
+):
+    STRATEGIES.register(spec)
 
-__all__ = ["STRATEGIES", "FedAvgStrategy", "FedDF", "FedGO", "ServerSetup"]
+__all__ = ["STRATEGIES", "FedAvgStrategy", "FedDF", "FedGO", "ServerSetup", "StrategySpec"]

@@ -1,16 +1,17 @@
 """FedAvg as every strategy here starts: reproducible sampling over partition ids, replies
-checked one by one, n_k-weighted averaging, central evaluation, and a run record.
+checked one by one, n_k-weighted averaging, central evaluation, and a run record; and its
+clients (query, train, evaluate), whose handlers the other strategies reuse.
 
-Subclasses add a server update after the averaging (`server_update`) and a pre-FL stage
-(`prepare`), and keep the rest.
+Subclasses add a server update after the averaging (`server_update`), a pre-FL stage
+(`prepare`), or more to the train config (`train_config`), and keep the rest.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from logging import INFO, WARNING
-from typing import Iterable
+from typing import Callable, Iterable
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
@@ -22,11 +23,13 @@ from torch import nn
 from fedgo_flwr.config import Config
 from fedgo_flwr.models import create_classifier
 from fedgo_flwr.results import RunRecord, round_line
-from fedgo_flwr.strategies.clients import (ClientDirectory, config_record, discover_clients,
-                                           payload_bytes, reply_problem, round_seed,
-                                           sample_partitions)
+from fedgo_flwr.strategies.clients import (ClientDirectory, client_seed, config_record,
+                                           discover_clients, payload_bytes, reply_problem,
+                                           round_seed, sample_partitions)
+from fedgo_flwr.strategies.local import Local, config_of, reply
+from fedgo_flwr.strategies.registry import StrategySpec
 from fedgo_flwr.teachers import server_autocast
-from fedgo_flwr.train import evaluate
+from fedgo_flwr.train import evaluate, train_classifier
 
 
 @dataclass
@@ -61,6 +64,7 @@ class ClientModel:
     num_examples: int
     state: dict[str, torch.Tensor]
     metrics: dict
+    extras: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)  # other arrays sent
 
 
 def weighted_average(models: list[ClientModel], template: dict[str, torch.Tensor]) -> dict:
@@ -108,14 +112,18 @@ class FedAvgStrategy(FedAvg):
                              batch_size=cfg.batch_size, lr=cfg.lr, flip=cfg.flip,
                              seed=round_seed(cfg.seed, server_round))
 
+    def train_content(self, server_round: int, arrays: ArrayRecord) -> RecordDict:
+        """What every sampled client receives: the global model and the train config."""
+        return RecordDict({"arrays": arrays, "config": self.train_config(server_round)})
+
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
         pids = sample_partitions(self.clients.partition_ids, self.cfg.fraction_train,
                                  self.cfg.seed, server_round)
         self._sampled = {self.clients.by_partition[p].node_id: p for p in pids}
         self.record.round(server_round)["clients"] = pids
-        content = RecordDict({"arrays": arrays, "config": self.train_config(server_round)})
-        self.record.sent("main_fl", "down", arrays.count_bytes() * len(pids), server_round)
+        content = self.train_content(server_round, arrays)
+        self.record.sent("main_fl", "down", payload_bytes([content]) * len(pids), server_round)
         log(INFO, "round %d: training on partitions %s", server_round, pids)
         self._sent_at = time.perf_counter()
         return [Message(content, dst_node_id=n, message_type="train") for n in self._sampled]
@@ -134,9 +142,9 @@ class FedAvgStrategy(FedAvg):
                 continue
             seen.add(pid)
             metrics = dict(reply.content.metric_records["metrics"])
-            models.append(ClientModel(pid, int(metrics["num-examples"]),
-                                      reply.content.array_records[array_key].to_torch_state_dict(),
-                                      metrics))
+            arrays = {k: a.to_torch_state_dict() for k, a in reply.content.array_records.items()}
+            models.append(ClientModel(pid, int(metrics["num-examples"]), arrays.pop(array_key),
+                                      metrics, arrays))
         missing = sorted(set(expected.values()) - seen)
         if missing:
             log(WARNING, "no usable reply from partitions %s", missing)
@@ -146,7 +154,7 @@ class FedAvgStrategy(FedAvg):
                         replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
         replies = list(replies)
         self.record.time("client_training", time.perf_counter() - self._sent_at, server_round)
-        self.record.sent("main_fl", "up", payload_bytes(replies, "arrays"), server_round)
+        self.record.sent("main_fl", "up", payload_bytes(replies), server_round)
         template = self.setup.new_classifier().state_dict()
         models = self.collect(replies, "arrays", template, self._sampled)
         if not models:
@@ -160,7 +168,10 @@ class FedAvgStrategy(FedAvg):
         reported = [m for m in models if isinstance(m.metrics.get("train-loss"), (int, float))]
         loss = (sum(m.num_examples * m.metrics["train-loss"] for m in reported)
                 / sum(m.num_examples for m in reported)) if reported else float("nan")
-        self.record.round(server_round)["train_loss"] = loss
+        entry = self.record.round(server_round)
+        entry["train_loss"] = loss
+        # The clients' own compute (their sum), apart from waiting and transfer.
+        entry["client_seconds"] = sum(float(m.metrics.get("train-seconds", 0.0)) for m in models)
         return ArrayRecord(state), MetricRecord({"train-loss": loss})
 
     def server_update(self, server_round: int, averaged: dict[str, torch.Tensor],
@@ -181,3 +192,42 @@ class FedAvgStrategy(FedAvg):
         self.record.time("evaluation", time.perf_counter() - start, server_round or None)
         log(INFO, "%s", round_line(entry))
         return MetricRecord({"server-test-acc": acc, "server-test-loss": loss})
+
+
+# ---------------------------------------------------------------------------- client side
+def info(message: Message, local: Local) -> Message:
+    """Partition id, partition count and n_k (the server keys clients by these); the label
+    histogram only when the server's config asks (diagnostics)."""
+    reply_ = {"partition-id": local.partition_id, "num-partitions": local.num_partitions,
+              "num-examples": len(local.y)}
+    if config_of(message).get("label-histogram"):
+        reply_["label-histogram"] = torch.bincount(local.y, minlength=local.num_classes).tolist()
+    return reply(message, reply_, key="info")
+
+
+def local_update(message: Message, local: Local, model: nn.Module,
+                 extra_loss: Callable[[nn.Module], torch.Tensor] | None = None) -> Message:
+    """ClientUpdate: `model` trained on S_k as the train config says, with a strategy's
+    `extra_loss(model)` added to each minibatch's loss; replies theta_k and n_k."""
+    conf = config_of(message)
+    result = train_classifier(model, local.x, local.y, epochs=int(conf["local-epochs"]),
+                              batch_size=int(conf["batch-size"]), lr=float(conf["lr"]),
+                              flip=bool(conf["flip"]),
+                              seed=client_seed(int(conf["seed"]), local.partition_id),
+                              device=local.device, extra_loss=extra_loss)
+    return reply(message, {"num-examples": len(local.y), **result},
+                 arrays=ArrayRecord(model.cpu().state_dict()))
+
+
+def train(message: Message, local: Local) -> Message:
+    return local_update(message, local, local.classifier(message))
+
+
+def evaluate_local(message: Message, local: Local) -> Message:
+    """The global classifier's loss and accuracy on S_k."""
+    acc, loss = evaluate(local.classifier(message), local.x, local.y, device=local.device)
+    return reply(message, {"num-examples": len(local.y), "eval-acc": acc, "eval-loss": loss})
+
+
+CLIENT = {"query": info, "train": train, "evaluate": evaluate_local}
+FEDAVG = StrategySpec("fedavg", FedAvgStrategy, CLIENT)

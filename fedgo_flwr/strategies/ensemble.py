@@ -34,11 +34,12 @@ class EnsembleDistillation(FedAvgStrategy):
         super().__init__(setup, record)
         self.weighting = weighting
         self.views = 2 if self.cfg.flip else 1  # U as is, and mirrored
+        self.u = setup.u  # the distillation set (DaFKD generates a new one every round)
 
     # --- what a strategy with discriminators provides
     def u_log_odds(self, models: list[ClientModel], view: int) -> torch.Tensor:
         """log Phi_k on view `view` of U, [K, |U|]; rules without discriminators ignore it."""
-        return torch.zeros(len(models), len(self.setup.u))
+        return torch.zeros(len(models), len(self.u))
 
     def test_log_odds(self, models: list[ClientModel]) -> torch.Tensor:
         return torch.zeros(len(models), len(self.setup.test_y))
@@ -60,7 +61,7 @@ class EnsembleDistillation(FedAvgStrategy):
     def draw_round_batches(self, server_round: int, *, epochs: int,
                            batch_size: int) -> list[torch.Tensor]:
         """`epochs` passes over U with random views, seeded by the run's seed and the round."""
-        return draw_batches(len(self.setup.u), self.views, epochs=epochs,
+        return draw_batches(len(self.u), self.views, epochs=epochs,
                             batch_size=batch_size, seed=round_seed(self.cfg.seed, server_round))
 
     def distill_student(self, server_round: int, student: torch.nn.Module,
@@ -68,14 +69,14 @@ class EnsembleDistillation(FedAvgStrategy):
         """One Adam step per batch on KL(y~ || student); returns distill_loss, distill_steps,
         distill_lr and seconds."""
         lr = self.server_lr(server_round)
-        info = distill(student, self.setup.u, targets, batches=batches, lr=lr,
+        info = distill(student, self.u, targets, batches=batches, lr=lr,
                        device=self.setup.device, amp=self.setup.amp)
         return {**info, "distill_steps": len(batches), "distill_lr": lr}
 
     # --- the shared round
     def server_update(self, server_round: int, averaged: dict[str, torch.Tensor],
                       models: list[ClientModel]) -> dict[str, torch.Tensor]:
-        dev, u, cfg = self.setup.device, self.setup.u, self.cfg
+        dev, u, cfg = self.setup.device, self.u, self.cfg
         entry = self.record.round(server_round)
         nets = []
         for m in models:

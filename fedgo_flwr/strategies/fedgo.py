@@ -1,6 +1,7 @@
 """FedGO (Algorithm 2): a pre-FL stage that gives every client the generator G once and gets
-back its discriminator D_k, then FedAvg rounds each followed by ensemble distillation on U
-with the odds weights w_k(u) = n_k Phi_k(u) / sum_i n_i Phi_i(u)."""
+back its discriminator D_k (Algorithm 3, the client handler `train.discriminator` below), then
+FedAvg rounds each followed by ensemble distillation on U with the odds weights
+w_k(u) = n_k Phi_k(u) / sum_i n_i Phi_i(u)."""
 
 from __future__ import annotations
 
@@ -13,12 +14,15 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from fedgo_flwr.diagnostics import phi_stats
-from fedgo_flwr.gan import log_odds, train_wgan_gp
+from fedgo_flwr.gan import log_odds, train_discriminator, train_wgan_gp
 from fedgo_flwr.generator_cache import generator_description, load_generator, save_generator
 from fedgo_flwr.models import Critic, Discriminator, Generator
-from fedgo_flwr.strategies.base import ClientModel, ServerSetup
-from fedgo_flwr.strategies.clients import ClientDirectory, config_record, payload_bytes
+from fedgo_flwr.strategies.base import CLIENT, ClientModel, ServerSetup
+from fedgo_flwr.strategies.clients import (ClientDirectory, client_seed, config_record,
+                                           payload_bytes)
 from fedgo_flwr.strategies.ensemble import EnsembleDistillation
+from fedgo_flwr.strategies.local import Local, config_of, reply
+from fedgo_flwr.strategies.registry import StrategySpec
 from fedgo_flwr.results import RunRecord
 from fedgo_flwr.weighting import weighting_rule
 
@@ -106,7 +110,7 @@ class FedGO(EnsembleDistillation):
             [Message(content, dst_node_id=n, message_type=TRAIN_DISCRIMINATOR) for n in expected],
             timeout=cfg.round_timeout))
         self.record.time("discriminator_training", time.perf_counter() - start)
-        self.record.sent("pre_fl", "up", payload_bytes(replies, "discriminator"))
+        self.record.sent("pre_fl", "up", payload_bytes(replies))
         template = new_discriminator(cfg, self.setup.image_shape).state_dict()
         received = self.collect(replies, "discriminator", template, expected)
         if not received:
@@ -150,3 +154,25 @@ class FedGO(EnsembleDistillation):
 
     def test_log_odds(self, models: list[ClientModel]) -> torch.Tensor:
         return self.cached_test_log_odds[[self.row[m.partition_id] for m in models]]
+
+
+# ---------------------------------------------------------------------------- client side
+def discriminator_update(message: Message, local: Local) -> Message:
+    """Algorithm 3: D_k trained to tell S_k from samples of the server's generator G."""
+    conf = config_of(message)
+    c, h, _ = local.image_shape
+    generator = Generator(int(conf["latent-dim"]), c, h, int(conf["generator-width"]))
+    generator.load_state_dict(message.content.array_records["generator"].to_torch_state_dict())
+    seed = client_seed(int(conf["seed"]), local.partition_id)
+    torch.manual_seed(seed)  # D_k's initialisation
+    discriminator = Discriminator(c, h, int(conf["discriminator-width"]))
+    result = train_discriminator(discriminator, generator, local.x,
+                                 epochs=int(conf["discriminator-epochs"]),
+                                 lr=float(conf["discriminator-lr"]),
+                                 batch_size=int(conf["batch-size"]), flip=bool(conf["flip"]),
+                                 seed=seed, device=local.device)
+    return reply(message, {"num-examples": len(local.x), **result},
+                 discriminator=ArrayRecord(discriminator.cpu().state_dict()))
+
+
+FEDGO = StrategySpec("fedgo", FedGO, {**CLIENT, TRAIN_DISCRIMINATOR: discriminator_update})

@@ -1,0 +1,237 @@
+"""DaFKD (Wang et al., CVPR 2023), domain-aware federated knowledge distillation, data-free.
+
+Every round each sampled client trains its classifier together with a discriminator D_k on it
+(a linear head on the classifier's latent layer, `features`) that tells S_k from the samples of
+the global generator G; in the first `dafkd-gan-rounds` rounds it also trains G against D_k
+(collaborative GAN). The server averages the classifiers, the discriminator heads and (in
+those rounds) G, all by n_k, generates the round's distillation set with the global G, and
+distils the averaged model on it with the ensemble weights w_k(x) = D_k(x) / sum_i D_i(x)
+(the FedGO paper's summary of DaFKD), D_k being this round's client k's discriminator.
+
+Where the FedGO paper's summary is silent this follows DaFKD's public code as algorithms.md
+records it: the discriminator is a head on the classifier trunk (so the trunk learns from the
+discriminator loss too; classifier and discriminator share one Adam optimiser, the generator has
+its own, betas (0.5, 0.999)); the generator is trained in the first rounds only, and sent down
+every round so the clients' discriminators keep facing it. The public code distils at
+temperature 10; here DaFKD uses the server update every ensemble strategy shares (temperature
+1, `server-epochs` passes, no labelled data), so DaFKD, FedDF and FedGO differ only where the
+methods differ. The generated images are stored as 8-bit images, as U is. The generator is
+FedGO's (`latent-dim`, `generator-width`); the server's unlabeled set U is not used.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from logging import WARNING
+
+import torch
+import torch.nn.functional as F
+from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.common.logger import log
+from torch import nn
+
+from fedgo_flwr.config import check
+from fedgo_flwr.data import random_hflip, to_unit_range
+from fedgo_flwr.models import Generator
+from fedgo_flwr.results import RunRecord
+from fedgo_flwr.strategies.base import CLIENT, ClientModel, ServerSetup, weighted_average
+from fedgo_flwr.strategies.clients import arrays_problem, client_seed, round_seed
+from fedgo_flwr.strategies.ensemble import EnsembleDistillation
+from fedgo_flwr.strategies.local import Local, config_of, reply
+from fedgo_flwr.strategies.registry import StrategySpec
+from fedgo_flwr.train import apply_in_batches, minibatch_descent
+from fedgo_flwr.weighting import domain_aware_weights
+
+GENERATOR, HEAD = "generator", "discriminator-head"
+
+
+@dataclass(frozen=True)
+class DaFKDKeys:
+    """Run-config keys dafkd-*."""
+    gan_rounds: int = 5  # rounds in which the clients also train the generator
+
+    def validate(self, cfg) -> None:
+        check("dafkd-gan-rounds", self.gan_rounds >= 0, "must be >= 0")
+
+
+def discriminator_head(latent_dim: int) -> nn.Module:
+    """D_k's head on the classifier's latent layer: one logit, D_k(x) = sigmoid(logit)."""
+    return nn.Linear(latent_dim, 1)
+
+
+def to_images(x: torch.Tensor) -> torch.Tensor:
+    """Generator output in [-1, 1] as uint8 images, the form U has."""
+    return ((x.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
+
+
+def train_domain_aware(model: nn.Module, head: nn.Module, generator: Generator,
+                       x: torch.Tensor, y: torch.Tensor, *, epochs: int, batch_size: int,
+                       lr: float, gan_lr: float, train_generator: bool, flip: bool, seed: int,
+                       device: torch.device) -> dict[str, float]:
+    """Local training of one DaFKD client. Each minibatch: one Adam step of the classifier and
+    its discriminator head on CE(f(x), y) + BCE(D(x), 1) + BCE(D(G(z)), 0); then, when
+    `train_generator`, one step of G on BCE(D(G(z)), 1)."""
+    start = time.perf_counter()
+    gen = torch.Generator().manual_seed(seed)
+    model.to(device).train()
+    head.to(device).train()
+    generator.to(device).train(train_generator)
+    opt = torch.optim.Adam([*model.parameters(), *head.parameters()], lr=lr)
+    opt_g = torch.optim.Adam(generator.parameters(), lr=gan_lr, betas=(0.5, 0.999))
+    ones = lambda n: torch.ones(n, device=device)  # noqa: E731
+    g_losses = []
+
+    def batch_loss(idx: torch.Tensor) -> torch.Tensor:
+        xb = to_unit_range(x[idx]).to(device)
+        if flip:
+            xb = random_hflip(xb, gen)
+        z = torch.randn(len(idx), generator.latent_dim, generator=gen).to(device)
+        if train_generator:  # G's step against the current D (which the step below then updates)
+            fake = generator(z)
+            g_loss = F.binary_cross_entropy_with_logits(head(model.features(fake)).squeeze(1),
+                                                        ones(len(idx)))
+            opt_g.zero_grad(set_to_none=True)
+            g_loss.backward(inputs=list(generator.parameters()))
+            opt_g.step()
+            g_losses.append(g_loss.item())
+        with torch.no_grad():
+            fake = generator(z)
+        features = model.features(xb)
+        d_real = head(features).squeeze(1)
+        d_fake = head(model.features(fake)).squeeze(1)
+        return (F.cross_entropy(model.head(features), y[idx].to(device))
+                + F.binary_cross_entropy_with_logits(d_real, ones(len(idx)))
+                + F.binary_cross_entropy_with_logits(d_fake, torch.zeros_like(d_fake)))
+
+    loss = minibatch_descent(opt, len(y), epochs=epochs, batch_size=batch_size, gen=gen,
+                             batch_loss=batch_loss)
+    out = {"train-loss": loss, "train-seconds": time.perf_counter() - start}
+    if g_losses:
+        out["generator-loss"] = sum(g_losses) / len(g_losses)
+    return out
+
+
+# ---------------------------------------------------------------------------- server side
+class DaFKD(EnsembleDistillation):
+    has_discriminators = True
+
+    def __init__(self, setup: ServerSetup, record: RunRecord):
+        super().__init__(setup, record, domain_aware_weights)
+        cfg = setup.cfg
+        self.keys = setup.cfg.keys("dafkd")
+        c, h, _ = setup.image_shape
+        with torch.random.fork_rng():
+            torch.manual_seed(cfg.seed)
+            self.generator = Generator(cfg.latent_dim, c, h, cfg.generator_width)
+            self.head = discriminator_head(setup.new_classifier().latent_dim)
+        self.heads: dict[int, dict[str, torch.Tensor]] = {}  # partition -> this round's D_k head
+        self.size = len(setup.u)  # generated distillation set, as large as U is for the others
+        self.current_round = 0
+
+    def trains_generator(self, server_round: int) -> bool:
+        return server_round <= self.keys.gan_rounds
+
+    def train_content(self, server_round: int, arrays: ArrayRecord) -> RecordDict:
+        self.current_round = server_round
+        content = super().train_content(server_round, arrays)
+        content[GENERATOR] = ArrayRecord(self.generator.state_dict())
+        content[HEAD] = ArrayRecord(self.head.state_dict())
+        return content
+
+    def train_config(self, server_round: int) -> ConfigRecord:
+        conf = super().train_config(server_round)
+        cfg = self.cfg
+        conf.update({"train-generator": self.trains_generator(server_round),
+                     "latent-dim": cfg.latent_dim, "generator-width": cfg.generator_width,
+                     "gan-lr": cfg.gan_lr})
+        return conf
+
+    def collect(self, replies, array_key, template, expected) -> list[ClientModel]:
+        """Train replies must also carry D_k's head, and G in the generator rounds."""
+        need = {HEAD: self.head.state_dict()}
+        if self.trains_generator(self.current_round):
+            need[GENERATOR] = self.generator.state_dict()
+        usable = []
+        for reply_ in replies:
+            why = None if reply_.has_error() else next(
+                (w for key, t in need.items() if (w := arrays_problem(reply_, key, t))), None)
+            if why:
+                log(WARNING, "rejected reply from node %d: %s", reply_.metadata.src_node_id, why)
+                continue
+            usable.append(reply_)
+        return super().collect(usable, array_key, template, expected)
+
+    def server_update(self, server_round: int, averaged: dict[str, torch.Tensor],
+                      models: list[ClientModel]) -> dict[str, torch.Tensor]:
+        self.heads = {m.partition_id: m.extras[HEAD] for m in models}
+        self.head.load_state_dict(self.average(models, HEAD, self.head))
+        if self.trains_generator(server_round):
+            self.generator.load_state_dict(self.average(models, GENERATOR, self.generator))
+        self.u = self.generate(round_seed(self.cfg.seed, server_round))
+        return super().server_update(server_round, averaged, models)
+
+    @torch.no_grad()
+    def generate(self, seed: int) -> torch.Tensor:
+        """The round's distillation set: |U| images of the global G, as uint8."""
+        gen, dev = torch.Generator().manual_seed(seed), self.setup.device
+        self.generator.to(dev).eval()
+        parts = [to_images(self.generator(torch.randn(len(idx), self.cfg.latent_dim,
+                                                      generator=gen).to(dev)).cpu())
+                 for idx in torch.arange(self.size).split(512)]
+        self.generator.cpu()
+        return torch.cat(parts)
+
+    @staticmethod
+    def average(models: list[ClientModel], key: str, net: nn.Module) -> dict:
+        """sum_k n_k / sum_i n_i of the clients' `key` arrays."""
+        parts = [ClientModel(m.partition_id, m.num_examples, m.extras[key], {}) for m in models]
+        return weighted_average(parts, net.state_dict())
+
+    def discriminator_logits(self, models: list[ClientModel], x: torch.Tensor,
+                             flip: bool = False) -> torch.Tensor:
+        """logit D_k(x) (its log-odds) of each client's head on its own latent layer, [K, N]."""
+        rows, dev = [], self.setup.device
+        for m in models:
+            net = self.setup.new_classifier()
+            net.load_state_dict(m.state)
+            head = discriminator_head(net.latent_dim)
+            head.load_state_dict(self.heads[m.partition_id])
+            net.to(dev).eval()
+            head.to(dev)
+            rows.append(apply_in_batches(lambda xb: head(net.features(xb)).squeeze(1), x,
+                                         device=dev, flip=flip))
+        return torch.stack(rows)
+
+    def u_log_odds(self, models: list[ClientModel], view: int) -> torch.Tensor:
+        return self.discriminator_logits(models, self.u, flip=view == 1)
+
+    def test_log_odds(self, models: list[ClientModel]) -> torch.Tensor:
+        return self.discriminator_logits(models, self.setup.test_x)
+
+
+# ---------------------------------------------------------------------------- client side
+def domain_aware_update(message: Message, local: Local) -> Message:
+    """The classifier and D_k trained on S_k against the global G (and G against D_k in the
+    generator rounds); replies theta_k, D_k's head, and G_k when it trained G."""
+    conf = config_of(message)
+    model = local.classifier(message)
+    head = discriminator_head(model.latent_dim)
+    head.load_state_dict(message.content.array_records[HEAD].to_torch_state_dict())
+    c, h, _ = local.image_shape
+    generator = Generator(int(conf["latent-dim"]), c, h, int(conf["generator-width"]))
+    generator.load_state_dict(message.content.array_records[GENERATOR].to_torch_state_dict())
+    train_generator = bool(conf["train-generator"])
+    result = train_domain_aware(
+        model, head, generator, local.x, local.y, epochs=int(conf["local-epochs"]),
+        batch_size=int(conf["batch-size"]), lr=float(conf["lr"]), gan_lr=float(conf["gan-lr"]),
+        train_generator=train_generator, flip=bool(conf["flip"]),
+        seed=client_seed(int(conf["seed"]), local.partition_id), device=local.device)
+    arrays = {"arrays": ArrayRecord(model.cpu().state_dict()),
+              HEAD: ArrayRecord(head.cpu().state_dict())}
+    if train_generator:
+        arrays[GENERATOR] = ArrayRecord(generator.cpu().state_dict())
+    return reply(message, {"num-examples": len(local.y), **result}, **arrays)
+
+
+DAFKD = StrategySpec("dafkd", DaFKD, {**CLIENT, "train": domain_aware_update}, keys=DaFKDKeys)

@@ -1,0 +1,202 @@
+"""FedGen (Zhu et al., 2021): data-free knowledge distillation in FEATURE space.
+
+Each round the server averages the client models as FedAvg does (no distillation into the
+global model), then trains a label-conditioned generator z = G_w(y, eps) so that the clients'
+heads (their last layer, `head` in the model registry) classify its features as y (eq. 4, with
+the per-label weights lambda_k^y = n_k^y / sum_i n_i^y of App. 9 and a diversity term), y being
+drawn from the label prior p^(y) built from the label counts the clients upload with their
+models. From the next round the clients receive G_w and p^(y) with the model and add
+alpha_t * CE(head(G_w(y^, eps)), y^), y^ ~ p^(y), to their loss (eq. 5).
+
+Where the paper is silent this follows its public code: Adam (lr 3e-4, weight decay 1e-2) on
+G_w kept across rounds with its learning rate decayed 0.98 a round, `fedgen-generator-steps`
+steps a round; the diversity term exp(-mean_ij d(eps_i, eps_j) d(z_i, z_j)) (mean squared and
+mean absolute differences) with weight 1; alpha_t = 10 * 0.98^t. The public code's second
+client term (a KL between the heads' outputs on real and generated features) is left out:
+the paper's objective (5) has only the cross-entropy. The latent layer is the classifier's own
+(512 wide for the CNN), not the paper's 32-wide MLP.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from logging import INFO, WARNING
+
+import torch
+import torch.nn.functional as F
+from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.common.logger import log
+from torch import nn
+
+from fedgo_flwr.config import check
+from fedgo_flwr.models import FeatureGenerator
+from fedgo_flwr.results import RunRecord
+from fedgo_flwr.strategies.base import (CLIENT, ClientModel, FedAvgStrategy, ServerSetup,
+                                        local_update)
+from fedgo_flwr.strategies.clients import client_seed, round_seed
+from fedgo_flwr.strategies.local import Local, config_of
+from fedgo_flwr.strategies.registry import StrategySpec
+
+
+@dataclass(frozen=True)
+class FedGenKeys:
+    """Run-config keys fedgen-*."""
+    generator_steps: int = 50  # server Adam steps on G_w a round
+    generator_lr: float = 3e-4
+    generator_batch_size: int = 32
+    noise_dim: int = 32
+    hidden_dim: int = 256
+    diversity_weight: float = 1.0
+    alpha: float = 10.0  # weight of the generated-feature loss at round 0 ...
+    decay: float = 0.98  # ... multiplied by this every round (also G_w's learning rate)
+
+    def validate(self, cfg) -> None:
+        for key in ("generator-batch-size", "noise-dim", "hidden-dim"):
+            check(f"fedgen-{key}", getattr(self, key.replace("-", "_")) >= 1, "must be >= 1")
+        check("fedgen-generator-steps", self.generator_steps >= 0, "must be >= 0")
+        check("fedgen-generator-lr", self.generator_lr > 0, "must be > 0")
+        check("fedgen-diversity-weight", self.diversity_weight >= 0, "must be >= 0")
+        check("fedgen-alpha", self.alpha >= 0, "must be >= 0")
+        check("fedgen-decay", 0 < self.decay <= 1, "must be in (0, 1]")
+
+
+def diversity_loss(eps: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    """exp(-mean_ij d_eps(i, j) d_z(i, j)): small when distinct noises give distinct features
+    (mode seeking, Mao et al. 2019); d_eps mean squared, d_z mean absolute difference."""
+    d_eps = (eps.unsqueeze(0) - eps.unsqueeze(1)).pow(2).mean(-1)
+    d_z = (z.unsqueeze(0) - z.unsqueeze(1)).abs().mean(-1)
+    return torch.exp(-(d_eps * d_z).mean())
+
+
+def train_feature_generator(generator: FeatureGenerator, classifiers: list[nn.Module],
+                            label_weights: torch.Tensor, prior: torch.Tensor, *, steps: int,
+                            batch_size: int, optimizer: torch.optim.Optimizer,
+                            diversity_weight: float, gen: torch.Generator,
+                            device: torch.device) -> dict[str, float]:
+    """Eq. 4 with per-label weights: minimise sum_k lambda_k^y CE(head_k(G(y, eps)), y) over
+    y ~ prior, plus the diversity term. classifiers: the round's client models, frozen, of
+    which only `head` is used; label_weights [K, C], each column summing to 1 over the clients
+    holding that label."""
+    generator.to(device).train()
+    for net in classifiers:
+        net.to(device).eval().requires_grad_(False)
+    weights = label_weights.to(device)
+    teacher_total = diversity_total = 0.0
+    for _ in range(steps):
+        y = torch.multinomial(prior, batch_size, replacement=True, generator=gen).to(device)
+        eps = generator.noise(batch_size, gen).to(device)
+        z = generator(y, eps)
+        ce = torch.stack([F.cross_entropy(net.head(z), y, reduction="none") for net in classifiers])
+        teacher = (weights[:, y] * ce).sum(0).mean()
+        diversity = diversity_loss(eps, z)
+        loss = teacher + diversity_weight * diversity
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        teacher_total += teacher.item()
+        diversity_total += diversity.item()
+    n = max(steps, 1)
+    return {"generator_loss": teacher_total / n, "diversity_loss": diversity_total / n}
+
+
+# ---------------------------------------------------------------------------- server side
+class FedGen(FedAvgStrategy):
+    def __init__(self, setup: ServerSetup, record: RunRecord):
+        super().__init__(setup, record)
+        self.keys = keys = setup.cfg.keys("fedgen")
+        latent = setup.new_classifier().latent_dim
+        with torch.random.fork_rng():
+            torch.manual_seed(setup.cfg.seed)
+            self.generator = FeatureGenerator(setup.num_classes, latent, keys.noise_dim,
+                                              keys.hidden_dim)
+        self.optimizer = torch.optim.Adam(self.generator.parameters(), lr=keys.generator_lr,
+                                          weight_decay=1e-2)
+        self.schedule = torch.optim.lr_scheduler.ExponentialLR(self.optimizer, keys.decay)
+        self.prior: torch.Tensor | None = None  # p^(y), once a round's counts arrived
+
+    def train_content(self, server_round: int, arrays: ArrayRecord) -> RecordDict:
+        content = super().train_content(server_round, arrays)
+        if self.prior is not None:  # G_w is trained from the first round's heads on
+            content["generator"] = ArrayRecord(self.generator.state_dict())
+        return content
+
+    def train_config(self, server_round: int) -> ConfigRecord:
+        conf = super().train_config(server_round)
+        if self.prior is not None:
+            keys = self.keys
+            conf.update({"fedgen-alpha": keys.alpha * keys.decay ** server_round,
+                         "label-prior": self.prior.tolist(), "noise-dim": keys.noise_dim,
+                         "hidden-dim": keys.hidden_dim})
+        return conf
+
+    def collect(self, replies, array_key, template, expected) -> list[ClientModel]:
+        """Train replies must also carry the client's label counts (c_k), consistent with n_k."""
+        models = super().collect(replies, array_key, template, expected)
+        usable = []
+        for m in models:
+            counts = m.metrics.get("label-counts")
+            ok = (isinstance(counts, list) and len(counts) == self.setup.num_classes
+                  and all(isinstance(c, int) and c >= 0 for c in counts)
+                  and sum(counts) == m.num_examples)
+            if ok:
+                usable.append(m)
+            else:
+                log(WARNING, "rejected reply from partition %d: label-counts %r are not %d "
+                    "non-negative integers summing to n_k = %d", m.partition_id, counts,
+                    self.setup.num_classes, m.num_examples)
+        return usable
+
+    def server_update(self, server_round: int, averaged: dict[str, torch.Tensor],
+                      models: list[ClientModel]) -> dict[str, torch.Tensor]:
+        counts = torch.tensor([m.metrics["label-counts"] for m in models], dtype=torch.float64)
+        per_label = counts.sum(0)
+        self.prior = (per_label / per_label.sum()).float()
+        label_weights = (counts / per_label.clamp_min(1.0)).float()  # lambda_k^y
+        classifiers = []
+        for m in models:
+            net = self.setup.new_classifier()
+            net.load_state_dict(m.state)
+            classifiers.append(net)
+        gen = torch.Generator().manual_seed(round_seed(self.cfg.seed, server_round))
+        info = train_feature_generator(
+            self.generator, classifiers, label_weights, self.prior, steps=self.keys.generator_steps,
+            batch_size=self.keys.generator_batch_size, optimizer=self.optimizer,
+            diversity_weight=self.keys.diversity_weight, gen=gen, device=self.setup.device)
+        self.schedule.step()
+        self.generator.cpu()
+        self.record.round(server_round).update(info)
+        log(INFO, "round %d: feature generator loss %.4f, diversity %.4f", server_round,
+            info["generator_loss"], info["diversity_loss"])
+        return averaged
+
+
+# ---------------------------------------------------------------------------- client side
+def generated_feature_update(message: Message, local: Local) -> Message:
+    """Eq. 5: ClientUpdate plus alpha_t CE(head(G_w(y^, eps)), y^), y^ ~ p^(y), once the server
+    sends G_w; the reply also carries the label counts c_k."""
+    conf = config_of(message)
+    model = local.classifier(message)
+    extra_loss = None
+    if "generator" in message.content.array_records:
+        generator = FeatureGenerator(local.num_classes, model.latent_dim,
+                                     int(conf["noise-dim"]), int(conf["hidden-dim"]))
+        generator.load_state_dict(message.content.array_records["generator"].to_torch_state_dict())
+        generator.to(local.device).eval()
+        prior = torch.tensor(conf["label-prior"], dtype=torch.float32)
+        alpha, batch = float(conf["fedgen-alpha"]), int(conf["batch-size"])
+        gen = torch.Generator().manual_seed(client_seed(int(conf["seed"]), local.partition_id) + 1)
+
+        def extra_loss(m: nn.Module) -> torch.Tensor:
+            y = torch.multinomial(prior, batch, replacement=True, generator=gen).to(local.device)
+            with torch.no_grad():
+                z = generator(y, generator.noise(batch, gen).to(local.device))
+            return alpha * F.cross_entropy(m.head(z), y)
+
+    reply = local_update(message, local, model, extra_loss=extra_loss)
+    counts = torch.bincount(local.y, minlength=local.num_classes).tolist()
+    reply.content.metric_records["metrics"]["label-counts"] = counts
+    return reply
+
+
+FEDGEN = StrategySpec("fedgen", FedGen, {**CLIENT, "train": generated_feature_update},
+                      keys=FedGenKeys)

@@ -1,0 +1,77 @@
+"""FedProx (Li et al., 2020): each client minimises its loss plus the proximal term
+(mu / 2) ||w - w^t||^2, w^t being the global model it received; the server averages as FedAvg.
+mu = 0.001 as tuned in the FedGO paper (App. E.2).
+
+The proximal term is a change to the clients alone, so it composes with any server:
+`fedprox-base` names the strategy whose server (and other client handlers) it runs under:
+"fedavg" is FedProx as published, "fedgo" is FedGO with proximal local training.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from flwr.app import ConfigRecord, Message
+from torch import nn
+
+from fedgo_flwr.config import check, choice
+from fedgo_flwr.strategies.base import CLIENT, local_update
+from fedgo_flwr.strategies.local import Local, config_of
+from fedgo_flwr.strategies.registry import StrategySpec
+
+
+@dataclass(frozen=True)
+class FedProxKeys:
+    """Run-config keys fedprox-*."""
+    mu: float = 0.001  # the proximal coefficient
+    base: str = "fedavg"  # the strategy whose server and other client handlers FedProx uses
+
+    def validate(self, cfg) -> None:
+        from fedgo_flwr.strategies import STRATEGIES
+        check("fedprox-mu", self.mu > 0, "must be > 0 (mu = 0 is the base strategy itself)")
+        # The proximal term replaces the plain ClientUpdate: it composes with the strategies
+        # whose clients train as FedAvg's do (not with FedGen's own local objective).
+        choice("fedprox-base", self.base, [name for name, spec in STRATEGIES.items()
+                                           if spec.handlers.get("train") is CLIENT["train"]])
+
+
+def proximal_term(model: nn.Module, anchor: list[torch.Tensor], mu: float) -> torch.Tensor:
+    """(mu / 2) sum over parameters of ||w - w^t||^2; its gradient is mu (w - w^t)."""
+    return 0.5 * mu * sum(((w - a) ** 2).sum() for w, a in zip(model.parameters(), anchor))
+
+
+# ---------------------------------------------------------------------------- server side
+def server(setup, record):
+    """The base strategy's server, with mu added to every train config."""
+    from fedgo_flwr.strategies import STRATEGIES
+    mu, base = setup.cfg.keys("fedprox").mu, STRATEGIES[setup.cfg.keys("fedprox").base].server
+
+    class FedProx(base):
+        def train_config(self, server_round: int) -> ConfigRecord:
+            conf = super().train_config(server_round)
+            conf["fedprox-mu"] = mu
+            return conf
+
+    FedProx.__qualname__ = f"FedProx[{base.__name__}]"
+    return FedProx(setup, record)
+
+
+# ---------------------------------------------------------------------------- client side
+def proximal_update(message: Message, local: Local) -> Message:
+    """ClientUpdate with the proximal term around the received model."""
+    model = local.classifier(message)
+    anchor = [w.detach().clone().to(local.device) for w in model.parameters()]
+    mu = float(config_of(message)["fedprox-mu"])
+    return local_update(message, local, model,
+                        extra_loss=lambda m: proximal_term(m, anchor, mu))
+
+
+def handlers(cfg):
+    from fedgo_flwr.strategies import STRATEGIES
+    base = STRATEGIES[cfg.keys("fedprox").base]
+    return {**base.client(cfg), "train": proximal_update}
+
+
+FEDPROX = StrategySpec("fedprox", server, {**CLIENT, "train": proximal_update},
+                       keys=FedProxKeys, resolve_handlers=handlers)

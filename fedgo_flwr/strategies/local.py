@@ -1,0 +1,61 @@
+"""What a client handler sees: the run's config and this node's partition S_k; and how it
+replies. Handlers are `handler(message, local) -> reply`, registered with their strategy."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from torch import nn
+
+from fedgo_flwr.config import Config
+from fedgo_flwr.data import client_data, load_dataset
+from fedgo_flwr.models import create_classifier
+from fedgo_flwr.train import resolve_device
+
+
+@dataclass
+class Local:
+    cfg: Config
+    partition_id: int
+    num_partitions: int
+    x: torch.Tensor  # uint8 images of S_k
+    y: torch.Tensor
+    num_classes: int
+    device: torch.device
+
+    @classmethod
+    def of(cls, context: Context) -> "Local":
+        cfg = Config.from_run_config(context.run_config)
+        try:
+            pid = int(context.node_config["partition-id"])
+            k = int(context.node_config["num-partitions"])
+        except KeyError as missing:
+            raise RuntimeError(f"node config lacks {missing}: start the SuperNode with "
+                               "--node-config \"partition-id=<i> num-partitions=<K>\"") from None
+        x, y = client_data(cfg, pid, k)
+        classes = load_dataset(cfg.dataset, cfg.data_path).num_classes
+        return cls(cfg, pid, k, x, y, classes, resolve_device())
+
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        return tuple(self.x.shape[1:])  # type: ignore[return-value]
+
+    def classifier(self, message: Message, key: str = "arrays") -> nn.Module:
+        """The classifier the server sent (ArrayRecord `key`)."""
+        c, h, _ = self.image_shape
+        model = create_classifier(self.cfg.model, c, self.num_classes, h)
+        model.load_state_dict(message.content.array_records[key].to_torch_state_dict())
+        return model
+
+
+def config_of(message: Message) -> ConfigRecord:
+    """The message's ConfigRecord 'config' (empty when it has none)."""
+    return message.content.config_records.get("config") or ConfigRecord()
+
+
+def reply(message: Message, metrics: dict, key: str = "metrics",
+          **arrays: ArrayRecord) -> Message:
+    """The reply to `message`: metrics as MetricRecord `key`, and the named ArrayRecords."""
+    return Message(RecordDict({**arrays, key: MetricRecord(metrics)}), reply_to=message)

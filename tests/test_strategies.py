@@ -1,0 +1,330 @@
+"""The client-side extension point and FedProx: strategies bring their own client handlers and
+keys; the ClientApp only dispatches."""
+
+import importlib
+import json
+from dataclasses import dataclass
+
+import pytest
+import torch
+from flwr.app import ArrayRecord, Message, RecordDict
+
+import client_app.app as client_module
+from conftest import REPO
+from fedgo_flwr.config import Config, ConfigError, check
+from fedgo_flwr.inprocess import InProcessGrid
+from fedgo_flwr.models import CNN
+from fedgo_flwr.strategies import STRATEGIES, FedAvgStrategy, StrategySpec
+from fedgo_flwr.strategies.base import CLIENT
+from fedgo_flwr.strategies.clients import config_record
+from fedgo_flwr.strategies.fedprox import proximal_term
+from fedgo_flwr.strategies.local import Local, config_of, reply
+from server_app.app import run
+
+
+def _run(cfg, app=None, num_partitions=4):
+    grid = InProcessGrid(app or client_module.app, cfg.to_run_config(), num_partitions)
+    return json.loads(run(grid, cfg).read_text()), grid
+
+
+# ------------------------------------------------------------------ the extension point
+@dataclass(frozen=True)
+class ThrowawayKeys:
+    factor: int = 3
+
+    def validate(self, cfg) -> None:
+        check("throwaway-factor", self.factor >= 1, "must be >= 1")
+
+
+class Throwaway(FedAvgStrategy):
+    """Asks every client, before the rounds, for factor * (sum of its labels)."""
+
+    def prepare(self, grid):
+        super().prepare(grid)
+        factor = self.cfg.keys("throwaway").factor
+        msgs = [Message(RecordDict({"config": config_record(factor=factor)}), dst_node_id=c.node_id,
+                        message_type="query.label_sum")
+                for c in self.clients.by_partition.values()]
+        replies = grid.send_and_receive(msgs, timeout=60)
+        self.record.data["pre_fl"]["label_sums"] = sorted(
+            int(r.content.metric_records["metrics"]["label-sum"]) for r in replies)
+
+
+def label_sum(message, local: Local):
+    return reply(message, {"label-sum": int(config_of(message)["factor"]) * int(local.y.sum())})
+
+
+@pytest.fixture
+def throwaway():
+    spec = STRATEGIES.register(StrategySpec("throwaway", Throwaway,
+                                            {**CLIENT, "query.label_sum": label_sum},
+                                            keys=ThrowawayKeys))
+    yield importlib.reload(client_module).app  # the ClientApp file as it is, imported anew
+    del STRATEGIES[spec.name]
+    importlib.reload(client_module)
+
+
+def test_a_new_strategy_with_its_own_message_type_needs_no_clientapp_change(tiny_config,
+                                                                           throwaway):
+    source = (REPO / "client_app" / "app.py").read_bytes()
+    cfg = Config.from_run_config({**tiny_config.to_run_config(), "strategy": "throwaway",
+                                  "throwaway-factor": 2})
+    record, grid = _run(cfg, throwaway)
+    sums = []
+    for pid in range(4):  # what each partition holds, computed here independently
+        local = Local.of(grid.nodes[1000 + 17 * pid])
+        sums.append(2 * int(local.y.sum()))
+    assert record["pre_fl"]["label_sums"] == sorted(sums)
+    assert [r["round"] for r in record["rounds"]] == [0, 1, 2]
+    assert (REPO / "client_app" / "app.py").read_bytes() == source
+    with pytest.raises(ConfigError, match="throwaway-factor"):
+        Config.from_run_config({"strategy": "throwaway", "throwaway-factor": 0})
+
+
+def test_registry_rejects_duplicates_and_bad_message_types():
+    with pytest.raises(ValueError, match="already registered"):
+        STRATEGIES.register(StrategySpec("fedavg", FedAvgStrategy, CLIENT))
+    with pytest.raises(ValueError, match="message type"):
+        STRATEGIES.register(StrategySpec("bad", FedAvgStrategy, {"train.a.b": label_sum}))
+    with pytest.raises(ValueError, match="message type"):
+        STRATEGIES.register(StrategySpec("bad", FedAvgStrategy, {"query.label-sum": label_sum}))
+    assert "bad" not in STRATEGIES
+
+
+def test_a_message_type_the_running_strategy_does_not_answer_is_an_error_reply(tiny_config):
+    grid = InProcessGrid(client_module.app, tiny_config.replace(strategy="fedavg").to_run_config(), 2)
+    msg = Message(RecordDict(), dst_node_id=1000, message_type="train.discriminator")
+    out, = grid.send_and_receive([msg])
+    assert out.has_error() and "no client handler" in out.error.reason
+
+
+def test_every_declared_key_is_in_pyproject_with_its_default():
+    import tomllib
+    declared = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    for key, (strategy, _, default) in STRATEGIES.declared_keys().items():
+        assert key.startswith(strategy + "-")
+        assert declared[key] == default, key
+
+
+# ------------------------------------------------------------------ FedProx
+def test_proximal_term_gradient_is_mu_times_the_distance_to_the_global_model():
+    torch.manual_seed(0)
+    model = CNN()
+    anchor = [w.detach().clone() for w in model.parameters()]
+    with torch.no_grad():
+        for w in model.parameters():
+            w.add_(torch.randn_like(w))
+    mu = 0.01
+    proximal_term(model, anchor, mu).backward()
+    for w, a in zip(model.parameters(), anchor):
+        assert torch.allclose(w.grad, mu * (w.detach() - a), atol=1e-7)
+
+
+def test_fedprox_sends_mu_and_its_clients_stay_closer_to_the_global_model(tiny_config):
+    base = tiny_config.replace(strategy="fedavg", local_epochs=3, run_name="fedavg")
+    prox = base.replace(strategy="fedprox", fedprox_mu=1.0, run_name="fedprox")
+    avg_record, avg_grid = _run(base)
+    prox_record, prox_grid = _run(prox)
+    sent = [m for m in prox_grid.sent if m.metadata.message_type == "train"]
+    assert sent and all(m.content.config_records["config"]["fedprox-mu"] == 1.0 for m in sent)
+    assert all("fedprox-mu" not in m.content.config_records["config"]
+               for m in avg_grid.sent if m.metadata.message_type == "train")
+    # Same seed, same partitions and sampling: only the local objective differs.
+    assert [r.get("clients") for r in avg_record["rounds"]] == \
+        [r.get("clients") for r in prox_record["rounds"]]
+    moved = []
+    for cfg in (base, prox):
+        model = CNN()
+        model.load_state_dict(torch.load(cfg.results_path / cfg.run_name / "model.pt"))
+        torch.manual_seed(cfg.seed)
+        start = CNN()  # theta^0, as the ServerApp draws it
+        moved.append(sum(((w - w0) ** 2).sum().item()
+                         for w, w0 in zip(model.parameters(), start.parameters())))
+    assert moved[1] < moved[0]  # the proximal term holds the models near w^t
+
+
+def test_fedprox_over_fedgo_keeps_fedgos_pre_fl_stage(tiny_config):
+    cfg = tiny_config.replace(strategy="fedprox", fedprox_base="fedgo")
+    record, grid = _run(cfg)
+    types = [m.metadata.message_type for m in grid.sent]
+    assert types.count("train.discriminator") == 4
+    assert all(m.content.config_records["config"]["fedprox-mu"] == 0.001
+               for m in grid.sent if m.metadata.message_type == "train")
+    assert all("ensemble_test_acc" in r for r in record["rounds"][1:])
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("fedprox-mu", 0.0, "must be > 0"),
+    ("fedprox-base", "fedprox", "allowed values"),
+    ("fedprox-base", "nope", "allowed values: fedavg, feddf, fedgo"),
+])
+def test_fedprox_keys_are_validated(key, value, message):
+    with pytest.raises(ConfigError, match=message):
+        Config.from_run_config({"strategy": "fedprox", key: value})
+
+
+# ------------------------------------------------------------------ FedGen
+from fedgo_flwr.models import FeatureGenerator  # noqa: E402
+from fedgo_flwr.strategies.fedgen import train_feature_generator  # noqa: E402
+
+
+def _teacher_loss(generator, nets, weights, y, eps):
+    generator.eval()
+    with torch.no_grad():
+        z = generator(y, eps)
+        ce = torch.stack([torch.nn.functional.cross_entropy(n.head(z), y, reduction="none")
+                          for n in nets])
+    return (weights[:, y] * ce).sum(0).mean().item()
+
+
+def test_feature_generator_loss_decreases_on_fixed_heads():
+    torch.manual_seed(0)
+    nets = [CNN() for _ in range(3)]
+    counts = torch.tensor([[50, 0, 10] + [5] * 7, [0, 40, 10] + [5] * 7, [10, 10, 0] + [5] * 7],
+                          dtype=torch.float64)
+    weights = (counts / counts.sum(0)).float()
+    prior = (counts.sum(0) / counts.sum()).float()
+    generator = FeatureGenerator(10, CNN.latent_dim)
+    heads_before = [n.fc2.weight.clone() for n in nets]
+    y, eps = torch.arange(10).repeat(20), torch.randn(200, 32)
+    before = _teacher_loss(generator, nets, weights, y, eps)
+    info = train_feature_generator(
+        generator, nets, weights, prior, steps=60, batch_size=32,
+        optimizer=torch.optim.Adam(generator.parameters(), lr=3e-3), diversity_weight=1.0,
+        gen=torch.Generator().manual_seed(0), device=torch.device("cpu"))
+    after = _teacher_loss(generator, nets, weights, y, eps)
+    assert after < 0.5 * before, (before, after)
+    assert 0 < info["diversity_loss"] <= 1
+    assert all(torch.equal(n.fc2.weight, w) for n, w in zip(nets, heads_before))  # heads fixed
+
+
+def test_fedgen_clients_learn_from_the_generated_features(tiny_config):
+    """A client that receives G_w fits its head to G_w's features (eq. 5); one that does not,
+    does not; both report their label counts."""
+    torch.manual_seed(0)
+    model, generator = CNN(), FeatureGenerator(10, CNN.latent_dim).eval()
+    with torch.no_grad():  # features that depend on the label more than on the noise
+        generator.hidden.weight[:, 32:] *= 10
+    prior = [0.1] * 10
+    conf = config_record(local_epochs=5, batch_size=32, lr=1e-3, flip=False, seed=1,
+                         fedgen_alpha=10.0, label_prior=prior, noise_dim=32, hidden_dim=256)
+    from fedgo_flwr.strategies.fedgen import generated_feature_update
+    cfg = tiny_config.replace(strategy="fedgen")
+    grid = InProcessGrid(client_module.app, cfg.to_run_config(), 4)
+    local = Local.of(grid.nodes[1000])
+    y, eps = torch.arange(10).repeat(20), torch.randn(200, 32)
+    losses = []
+    for with_generator in (False, True):
+        arrays = {"arrays": ArrayRecord(model.state_dict()), "config": conf}
+        if with_generator:
+            arrays["generator"] = ArrayRecord(generator.state_dict())
+        out = generated_feature_update(Message(RecordDict(arrays), dst_node_id=1000,
+                                               message_type="train"), local)
+        metrics = out.content.metric_records["metrics"]
+        assert metrics["label-counts"] == torch.bincount(local.y, minlength=10).tolist()
+        trained = CNN()
+        trained.load_state_dict(out.content.array_records["arrays"].to_torch_state_dict())
+        with torch.no_grad():
+            losses.append(torch.nn.functional.cross_entropy(trained.head(generator(y, eps)), y).item())
+    assert losses[1] < 0.5 * losses[0], losses
+
+
+def test_fedgen_sends_the_generator_from_round_two_and_rejects_bad_label_counts(tiny_config,
+                                                                               caplog):
+    cfg = tiny_config.replace(strategy="fedgen", num_server_rounds=3, fedgen_generator_steps=5)
+
+    def tamper(reply):
+        metrics = reply.content.metric_records.get("metrics")
+        if reply.metadata.src_node_id == 1000 and metrics and "label-counts" in metrics:
+            metrics["label-counts"] = [1] * 10  # does not sum to n_k
+        return reply
+
+    grid = InProcessGrid(client_module.app, cfg.to_run_config(), 4, tamper=tamper)
+    with caplog.at_level("WARNING"):
+        record = json.loads(run(grid, cfg).read_text())
+    train = [m for m in grid.sent if m.metadata.message_type == "train"]
+    rounds = [r for r in record["rounds"] if r["round"] > 0]
+    with_g = ["generator" in m.content.array_records for m in train]
+    assert with_g == [False, False, True, True, True, True]  # 2 clients a round
+    assert rounds[1]["bytes"]["down"] > rounds[0]["bytes"]["down"]  # G_w travels too
+    assert all(r["generator_loss"] > 0 and 0 < r["diversity_loss"] <= 1 for r in rounds)
+    assert all("ensemble_test_acc" not in r for r in rounds)  # no server distillation
+    assert rounds[1]["clients"] == [0, 1]  # seed 0 samples partition 0 in round 2 ...
+    assert "rejected reply from partition 0: label-counts" in caplog.text  # ... and drops it
+
+
+# ------------------------------------------------------------------ DaFKD
+def test_dafkd_averages_g_and_heads_by_n_k_and_weights_by_this_rounds_discriminators(
+        tiny_config, monkeypatch):
+    import dataclasses
+    from fedgo_flwr.strategies.base import ClientModel
+    from fedgo_flwr.strategies.dafkd import DaFKD, discriminator_head
+    from fedgo_flwr.weighting import domain_aware_weights
+
+    made = []
+    monkeypatch.setitem(STRATEGIES, "dafkd", dataclasses.replace(
+        STRATEGIES["dafkd"], server=lambda s, r: made.append(DaFKD(s, r)) or made[-1]))
+    replies = []
+    cfg = tiny_config.replace(strategy="dafkd", num_server_rounds=2, dafkd_gan_rounds=1,
+                              diagnostics=True)
+    grid = InProcessGrid(client_module.app, cfg.to_run_config(), 4,
+                         tamper=lambda r: replies.append(r) or r)
+    record = json.loads(run(grid, cfg).read_text())
+    strategy = made[0]
+    train = [m for m in grid.sent if m.metadata.message_type == "train"]
+    assert all({"generator", "discriminator-head"} <= set(m.content.array_records) for m in train)
+    assert [m.content.config_records["config"]["train-generator"] for m in train] == \
+        [True, True, False, False]
+    answers = [r for r in replies if "discriminator-head" in r.content.array_records]
+    assert ["generator" in r.content.array_records for r in answers] == [True, True, False, False]
+
+    # Round 1: the global G is the n_k-weighted mean of the clients' generators.
+    n = torch.tensor([float(r.content.metric_records["metrics"]["num-examples"])
+                      for r in answers[:2]])
+    g_k = [r.content.array_records["generator"].to_torch_state_dict() for r in answers[:2]]
+    for name, value in strategy.generator.state_dict().items():
+        if value.is_floating_point():
+            expected = sum(w * g[name].double() for w, g in zip(n / n.sum(), g_k))
+            assert torch.allclose(value.double(), expected, atol=1e-6), name
+
+    # Round 2: the weights use each client's own trunk and head of this round.
+    pids = {1000 + 17 * i: i for i in range(4)}
+    models, logits = [], []
+    for r in answers[2:]:
+        arrays = r.content.array_records
+        pid = pids[r.metadata.src_node_id]
+        models.append(ClientModel(pid, 1, arrays["arrays"].to_torch_state_dict(), {}))
+        net = CNN()
+        net.load_state_dict(arrays["arrays"].to_torch_state_dict())
+        head = discriminator_head(net.latent_dim)
+        head.load_state_dict(arrays["discriminator-head"].to_torch_state_dict())
+        x = strategy.setup.test_x[:20].float() / 127.5 - 1
+        with torch.no_grad():
+            logits.append(head(net.features(x)).squeeze(1))
+    assert torch.allclose(strategy.test_log_odds(models)[:, :20], torch.stack(logits), atol=1e-5)
+    assert strategy.weighting is domain_aware_weights  # w_k = D_k / sum_i D_i
+    last = record["rounds"][-1]
+    assert last["ensemble_test_acc"] == last["diagnostics"]["logits"]["domain-aware"]["acc"]
+    assert len(strategy.u) == len(strategy.setup.u) and strategy.u.dtype == torch.uint8
+
+
+def test_communication_table_counts_every_array_each_way(tiny_config):
+    """FedGO pays once before the rounds; DaFKD sends G and D heads every round; FedGen G_w
+    down from round 2; all from the records' byte counts."""
+    from fedgo_flwr.report import communication_table
+    records = {}
+    for strategy in ("fedavg", "fedgo", "fedgen", "dafkd"):
+        cfg = tiny_config.replace(strategy=strategy, run_name=strategy, dafkd_gan_rounds=1,
+                                  fedgen_generator_steps=2)
+        records[strategy], _ = _run(cfg)
+    per_round = lambda s, d: [r["bytes"][d] for r in records[s]["rounds"] if r["round"] > 0]
+    assert per_round("fedgo", "down") == per_round("fedavg", "down")  # no per-round overhead
+    assert records["fedgo"]["bytes"]["pre_fl_down"] > 0 == records["fedavg"]["bytes"].get(
+        "pre_fl_down", 0)
+    assert all(d > a for d, a in zip(per_round("dafkd", "down"), per_round("fedavg", "down")))
+    up = per_round("dafkd", "up")
+    assert up[0] > up[1] > per_round("fedavg", "up")[1]  # G up in the GAN round only
+    down = per_round("fedgen", "down")
+    assert down[0] == per_round("fedavg", "down")[0] < down[1]
+    table = communication_table(list(records.values()))
+    assert table.count("\n") == 5 and "| dafkd | 2 |" in table
