@@ -19,6 +19,7 @@ the paper's objective (5) has only the cross-entropy. The latent layer is the cl
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from logging import INFO, WARNING
 
@@ -158,12 +159,14 @@ class FedGen(FedAvgStrategy):
             net.load_state_dict(m.state)
             classifiers.append(net)
         gen = torch.Generator().manual_seed(round_seed(self.cfg.seed, server_round))
+        start = time.perf_counter()
         info = train_feature_generator(
             self.generator, classifiers, label_weights, self.prior, steps=self.keys.generator_steps,
             batch_size=self.keys.generator_batch_size, optimizer=self.optimizer,
             diversity_weight=self.keys.diversity_weight, gen=gen, device=self.setup.device)
         self.schedule.step()
         self.generator.cpu()
+        self.record.time("generator_training", time.perf_counter() - start, server_round)
         self.record.round(server_round).update(info)
         log(INFO, "round %d: feature generator loss %.4f, diversity %.4f", server_round,
             info["generator_loss"], info["diversity_loss"])
