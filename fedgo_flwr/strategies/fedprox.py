@@ -45,12 +45,13 @@ def proximal_term(model: nn.Module, anchor: list[torch.Tensor], mu: float) -> to
 def server(setup, record):
     """The base strategy's server, with mu added to every train config."""
     from fedgo_flwr.strategies import STRATEGIES
-    mu, base = setup.cfg.keys("fedprox").mu, STRATEGIES[setup.cfg.keys("fedprox").base].server
+    keys = setup.cfg.keys("fedprox")
+    base = STRATEGIES[keys.base].server
 
     class FedProx(base):
         def train_config(self, server_round: int) -> ConfigRecord:
             conf = super().train_config(server_round)
-            conf["fedprox-mu"] = mu
+            conf["fedprox-mu"] = keys.mu
             return conf
 
     FedProx.__qualname__ = f"FedProx[{base.__name__}]"
