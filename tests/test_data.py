@@ -68,11 +68,17 @@ def test_fmnist_is_read_from_the_debian_location(tmp_path, monkeypatch):
     assert (tmp_path / "data" / "FashionMNIST" / "raw" / "train-images-idx3-ubyte").is_file()
 
 
-def test_missing_data_without_network_fails_with_the_download_error(tmp_path, monkeypatch):
+def test_missing_data_without_network_names_where_it_looked_and_both_fixes(tmp_path,
+                                                                           monkeypatch):
     monkeypatch.setattr(fmnist, "DEBIAN_DIR", tmp_path / "nowhere")
     monkeypatch.setattr(fmnist.FashionMNIST, "mirrors", ["http://127.0.0.1:9/"])
-    with pytest.raises(RuntimeError, match="Error downloading"):
+    with pytest.raises(RuntimeError) as err:
         fmnist.load_fmnist(tmp_path / "data")
+    message = str(err.value)
+    assert str(tmp_path / "data" / "FashionMNIST" / "raw") in message
+    assert str(tmp_path / "nowhere") in message and "Error downloading" in message
+    assert "data-dir" in message and "apt-get install dataset-fashion-mnist" in message
+    assert "\n" not in message
 
 
 def test_random_hflip_flips_about_half():

@@ -34,7 +34,15 @@ def load_fmnist(root: Path) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, t
         else:
             log.info("Fashion-MNIST: not in %s nor %s; downloading", root, DEBIAN_DIR)
     # download=True returns at once when the extracted files are already there.
-    train = FashionMNIST(str(root), train=True, download=True)
-    test = FashionMNIST(str(root), train=False, download=True)
+    try:
+        train = FashionMNIST(str(root), train=True, download=True)
+        test = FashionMNIST(str(root), train=False, download=True)
+    except (OSError, RuntimeError) as err:  # no network: URLError is an OSError
+        why = " ".join(str(err).split())  # torchvision's message spans lines
+        raise RuntimeError(
+            f"Fashion-MNIST is neither in {raw} nor in {DEBIAN_DIR}, and downloading it failed "
+            f"({why}). Fix: set run-config key data-dir (or $FEDGO_DATA_DIR) to a folder "
+            "holding FashionMNIST/raw/{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz], or "
+            "install the offline copy: apt-get install dataset-fashion-mnist") from None
     return (train.data.unsqueeze(1), train.targets.long(),
             test.data.unsqueeze(1), test.targets.long())
