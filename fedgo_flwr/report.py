@@ -39,6 +39,7 @@ def mean_std(values: list[float]) -> str:
 
 
 CENTRAL = "central"
+ENSEMBLES = ("feddf", "fedgo", "dafkd")  # the strategies that distil a weighted ensemble
 
 
 def label(rec: dict) -> str:
@@ -58,9 +59,9 @@ def label(rec: dict) -> str:
         extras.append(c["weighting"])
     if server == "fedgo" and c.get("weighting", "odds") == "odds" and c.get("odds-beta", 1.0) != 1.0:
         extras.append(f"beta={c['odds-beta']:g}")
-    if server not in ("fedavg", "fedprox") and c.get("ensemble-space", "logits") != "logits":
+    if server in ENSEMBLES and c.get("ensemble-space", "logits") != "logits":
         extras.append("probabilities")
-    if server not in ("fedavg", "fedprox") and c.get("distill-schedule", "cosine") != "cosine":
+    if server in ENSEMBLES and c.get("distill-schedule", "cosine") != "cosine":
         extras.append(f"{c['distill-schedule']} lr")
     if c.get("feddf-published"):
         name = "feddf-published" + (" (labelled val)" if c.get("val-size") else "")

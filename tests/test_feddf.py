@@ -129,3 +129,5 @@ def test_labels_name_what_departs_from_the_paper():
     assert label(rec(strategy="fedprox", **{"fedprox-base": "fedavg"})) == "fedprox"
     assert label(rec(strategy="fedprox", **{"fedprox-base": "fedgo", "odds-beta": 2.0})) == \
         "fedgo+fedprox[beta=2]"
+    assert label(rec(strategy="fedgen", **{"ensemble-space": "probabilities"})) == "fedgen"
+    assert label(rec(strategy="dafkd", **{"distill-schedule": "constant"})) == "dafkd[constant lr]"
