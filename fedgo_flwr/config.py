@@ -46,7 +46,12 @@ class Config:
     local_epochs: int = 1
     batch_size: int = 64
     lr: float = 1e-3
-    round_timeout: float = 3600.0
+    round_timeout: float = 3600.0  # seconds a round (or the pre-FL exchange) waits for replies
+    # --- nodes, checkpoints
+    join_timeout: float = 300.0  # seconds to wait for every partition's node before pre-FL
+    require_all_clients: bool = False  # fail instead of going on without a missing node
+    checkpoint_keep: int = 1  # checkpoints kept in <run>/checkpoints (newest); 0 = none
+    resume_from: str = ""  # a checkpoint, or a run folder (its newest checkpoint), to go on from
     # --- the server update every ensemble-distillation strategy shares
     server_epochs: int = 1  # E_s
     server_lr: float = 1e-3
@@ -160,10 +165,11 @@ class Config:
                     "discriminator-width"):
             check(key, getattr(self, key.replace("-", "_")) >= 1, "must be >= 1")
         for key in ("local-epochs", "server-epochs", "generator-steps",
-                    "discriminator-epochs", "distill-size", "test-size", "seed", "val-size"):
+                    "discriminator-epochs", "distill-size", "test-size", "seed", "val-size",
+                    "checkpoint-keep"):
             check(key, getattr(self, key.replace("-", "_")) >= 0, "must be >= 0")
         for key in ("lr", "server-lr", "gan-lr", "discriminator-lr", "round-timeout", "entropy-tau",
-                    "odds-beta"):
+                    "odds-beta", "join-timeout"):
             check(key, getattr(self, key.replace("-", "_")) > 0, "must be > 0")
         check("gp-weight", self.gp_weight >= 0, "must be >= 0")
         for name, spec in STRATEGIES.items():  # each strategy checks its own keys

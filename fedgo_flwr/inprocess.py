@@ -1,6 +1,6 @@
 """An in-process Grid for tests and the performance benchmark: the real ServerApp and
 ClientApp code, with messages handed straight to `client_app(message, context)` one after the
-other instead of travelling through a SuperLink. The real runtime (SuperLink + Ray) is what
+other instead of travelling through a SuperLink; nodes can be taken offline and brought back. The real runtime (SuperLink + Ray) is what
 `flwr run` uses and what tests/test_flwr_run.py exercises."""
 
 from __future__ import annotations
@@ -27,6 +27,9 @@ class InProcessGrid(Grid):
                                              state=RecordDict(), run_config=dict(run_config))
                       for i in range(num_partitions)}
         self.sent: list[Message] = []
+        self.offline: set[int] = set()  # nodes that neither list nor answer
+        self.held: dict[str, Message] = {}  # messages to offline nodes
+        self.replies: dict[str, Message] = {}
         self._ids = itertools.count()
 
     def set_run(self, run):  # pragma: no cover - not used in process
@@ -40,23 +43,39 @@ class InProcessGrid(Grid):
         return Message(content, dst_node_id=dst_node_id, message_type=message_type)
 
     def get_node_ids(self):
-        return list(self.nodes)
+        return [n for n in self.nodes if n not in self.offline]
 
-    def push_messages(self, messages):  # pragma: no cover
-        raise NotImplementedError
-
-    def pull_messages(self, message_ids):  # pragma: no cover
-        raise NotImplementedError
-
-    def send_and_receive(self, messages, *, timeout=None):
-        replies = []
+    def push_messages(self, messages):
+        """Each message is answered at once, except those to an offline node: they wait
+        until `back_online`, as a SuperLink keeps them for a node that reconnects."""
+        ids = []
         for msg in messages:
             self.sent.append(msg)
-            msg.metadata.__dict__["_message_id"] = str(next(self._ids))
-            context = self.nodes[msg.metadata.dst_node_id]
-            try:
-                reply = self.client_app(msg, context)
-            except Exception as exc:  # the real runtime turns exceptions into error replies
-                reply = Message(Error(code=0, reason=repr(exc)), reply_to=msg)
-            replies.append(self.tamper(reply) if self.tamper else reply)
-        return replies
+            mid = str(next(self._ids))
+            msg.metadata.__dict__["_message_id"] = mid
+            ids.append(mid)
+            if msg.metadata.dst_node_id in self.offline:
+                self.held[mid] = msg
+            else:
+                self.replies[mid] = self._answer(msg)
+        return ids
+
+    def pull_messages(self, message_ids):
+        return [self.replies.pop(i) for i in message_ids if i in self.replies]
+
+    def send_and_receive(self, messages, *, timeout=None):
+        return self.pull_messages(self.push_messages(messages))
+
+    def back_online(self, node_id: int) -> None:
+        self.offline.discard(node_id)
+        for mid, msg in [(m, msg) for m, msg in self.held.items()
+                         if msg.metadata.dst_node_id == node_id]:
+            self.replies[mid] = self._answer(self.held.pop(mid))
+
+    def _answer(self, msg):
+        context = self.nodes[msg.metadata.dst_node_id]
+        try:
+            reply = self.client_app(msg, context)
+        except Exception as exc:  # the real runtime turns exceptions into error replies
+            reply = Message(Error(code=0, reason=repr(exc)), reply_to=msg)
+        return self.tamper(reply) if self.tamper else reply

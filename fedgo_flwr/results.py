@@ -36,14 +36,31 @@ class RunRecord:
             "bytes": defaultdict(int),
         }
 
+    def snapshot(self) -> dict:
+        """The record so far as plain data, with the seconds elapsed (for a checkpoint)."""
+        return {"data": json.loads(json.dumps(self.data, default=_plain)),
+                "elapsed": time.perf_counter() - self.started}
+
+    @classmethod
+    def restore(cls, snapshot: dict) -> "RunRecord":
+        """The record a checkpoint held; its wall time goes on from the elapsed seconds."""
+        data = snapshot["data"]
+        record = cls(data["config"], data["run_name"])
+        record.data = {**data, "timings": defaultdict(float, data["timings"]),
+                       "bytes": defaultdict(int, data["bytes"])}
+        record.started -= snapshot["elapsed"]
+        return record
+
     @property
     def rounds(self) -> list[dict]:
         return self.data["rounds"]
 
     def round(self, server_round: int) -> dict:
         """The entry of this round, created on first use."""
-        if not self.rounds or self.rounds[-1]["round"] != server_round:
-            self.rounds.append({"round": server_round, "seconds": {}, "bytes": {}})
+        for entry in reversed(self.rounds):
+            if entry["round"] == server_round:
+                return entry
+        self.rounds.append({"round": server_round, "seconds": {}, "bytes": {}})
         return self.rounds[-1]
 
     def time(self, stage: str, seconds: float, server_round: int | None = None) -> None:

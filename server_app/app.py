@@ -1,9 +1,10 @@
-"""ServerApp: config -> data, models, strategy -> pre-FL stage -> rounds -> record and table."""
+"""ServerApp: config -> data, models, strategy -> pre-FL stage (or a checkpoint) -> rounds,
+each checkpointed -> record and table."""
 
 from __future__ import annotations
 
-from datetime import datetime
-from logging import INFO
+from datetime import datetime, timezone
+from logging import INFO, WARNING
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +13,8 @@ from flwr.app import ArrayRecord, Context
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
-from fedgo_flwr.config import Config
+from fedgo_flwr import checkpoint
+from fedgo_flwr.config import Config, ConfigError
 from fedgo_flwr.data import load_dataset, server_data, validation_data
 from fedgo_flwr.results import RunRecord, format_table
 from fedgo_flwr.strategies import STRATEGIES, ServerSetup
@@ -27,12 +29,19 @@ def main(grid: Grid, context: Context) -> None:
 
 
 def run(grid: Grid, cfg: Config) -> Path:
-    """Run one experiment over `grid`; returns the path of its record.json."""
+    """Run one experiment over `grid` (or go on with one, `resume-from`); returns the path
+    of its record.json."""
+    resumed = None
+    if cfg.resume_from:
+        path, resumed = checkpoint.load(cfg.resume_from)
+        resumed_config(cfg, resumed["record"]["data"]["config"], path)
     torch.manual_seed(cfg.seed)
     np.random.seed(cfg.seed)
     run_name = cfg.run_name or (f"{cfg.strategy}-{cfg.dataset}-a{cfg.alpha:g}-s{cfg.seed}-"
                                 f"{datetime.now().strftime('%Y%m%d-%H%M%S')}")
-    record = RunRecord(cfg.to_run_config(), run_name)
+    record = (RunRecord.restore(resumed["record"]) if resumed
+              else RunRecord(cfg.to_run_config(), run_name))
+    run_name = record.run_name
     log(INFO, "fedgo-flwr: %s on %s, alpha=%g, seed=%d, %d rounds -> %s", cfg.strategy,
         cfg.dataset, cfg.alpha, cfg.seed, cfg.num_server_rounds, cfg.results_path / run_name)
 
@@ -45,16 +54,51 @@ def run(grid: Grid, cfg: Config) -> Path:
         len(u), len(val_y), len(test_y), setup.device)
 
     strategy = STRATEGIES[cfg.strategy].server(setup, record)
-    strategy.prepare(grid)
-    torch.manual_seed(cfg.seed)  # theta_s^0 depends on the seed alone
-    initial = ArrayRecord(setup.new_classifier().state_dict())
-    result = strategy.start(grid, initial, num_rounds=cfg.num_server_rounds,
-                            timeout=cfg.round_timeout, evaluate_fn=strategy.evaluate_global)
+    run_dir = cfg.results_path / run_name
+    if resumed:
+        strategy.discover(grid)  # node ids change between runs; partition ids do not
+        strategy.load_state_dict(resumed["strategy"])
+        arrays = ArrayRecord(resumed["model"])
+        first_round = resumed["round"] + 1
+        record.data.setdefault("resumed", []).append(
+            {"after_round": resumed["round"], "from": str(path),
+             "at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+        checkpoint.set_rng_states(resumed["rng"])
+        log(INFO, "resuming %s after round %d from %s", run_name, resumed["round"], path)
+    else:
+        strategy.prepare(grid)
+        torch.manual_seed(cfg.seed)  # theta_s^0 depends on the seed alone
+        arrays = ArrayRecord(setup.new_classifier().state_dict())
+        first_round = 1
+
+    def save(server_round: int, arrays: ArrayRecord) -> None:
+        checkpoint.save(run_dir, server_round, {
+            "model": arrays.to_torch_state_dict(), "strategy": strategy.state_dict(),
+            "record": record.snapshot()}, keep=cfg.checkpoint_keep)
+
+    final = strategy.run(grid, arrays, first_round, checkpoint=save)
 
     path = record.finish(cfg.results_path)
-    torch.save(result.arrays.to_torch_state_dict(), path.parent / "model.pt")
+    torch.save(final.to_torch_state_dict(), path.parent / "model.pt")
     log(INFO, "\n%s", format_table(record.rounds))
     log(INFO, "stage seconds: %s", {k: round(v, 1) for k, v in record.data["timings"].items()})
     log(INFO, "bytes sent: %s", dict(record.data["bytes"]))
     log(INFO, "record written to %s", path)
     return path
+
+
+# Where things are, which may differ on the machine that resumes.
+LOCATION_KEYS = ("resume-from", "data-dir", "results-dir")
+
+
+def resumed_config(given: Config, saved: dict, path: Path) -> None:
+    """The config to go on with: the run's own. The clients read their partition from the
+    run config `flwr run` gives them, so it must be the checkpointed run's (but for where
+    things are); a key that differs fails fast, naming the value to give."""
+    now = given.to_run_config()
+    differ = {k: saved.get(k) for k in sorted(now)
+              if k not in LOCATION_KEYS and now[k] != saved.get(k)}
+    if differ:
+        raise ConfigError(
+            f"resume-from {path}: run-config key(s) {sorted(differ)} differ from the "
+            f"checkpointed run's; run again with the same config, i.e. with {differ}")

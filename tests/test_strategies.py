@@ -250,7 +250,9 @@ def test_fedgen_sends_the_generator_from_round_two_and_rejects_bad_label_counts(
     assert all(r["generator_loss"] > 0 and 0 < r["diversity_loss"] <= 1 for r in rounds)
     assert all("ensemble_test_acc" not in r for r in rounds)  # no server distillation
     assert rounds[1]["clients"] == [0, 1]  # seed 0 samples partition 0 in round 2 ...
-    assert "rejected reply from partition 0: label-counts" in caplog.text  # ... and drops it
+    assert "(partition 0): label-counts [1, 1," in caplog.text  # ... and rejects it
+    assert "label-counts" in rounds[1]["replies"]["rejected"]["0"]
+    assert rounds[1]["replies"]["usable"] == 1 and rounds[1]["replies"]["missing"] == []
 
 
 # ------------------------------------------------------------------ DaFKD

@@ -1,9 +1,12 @@
 """FedAvg as every strategy here starts: reproducible sampling over partition ids, replies
-checked one by one, n_k-weighted averaging, central evaluation, and a run record; and its
-clients (query, train, evaluate), whose handlers the other strategies reuse.
+checked one by one, n_k-weighted averaging, central evaluation, a run record, and the round
+loop with its checkpoints and its bookkeeping of nodes that go missing; and its clients
+(query, train, evaluate), whose handlers the other strategies reuse.
 
 Subclasses add a server update after the averaging (`server_update`), a pre-FL stage
-(`prepare`), or more to the train config (`train_config`), and keep the rest.
+(`prepare`), more to the train config (`train_config`), checks of their own replies
+(`reply_problem`), and name what they carry from round to round (`carried`, checkpointed);
+they keep the rest.
 """
 
 from __future__ import annotations
@@ -23,13 +26,18 @@ from torch import nn
 from fedgo_flwr.config import Config
 from fedgo_flwr.models import create_classifier
 from fedgo_flwr.results import RunRecord, round_line
-from fedgo_flwr.strategies.clients import (ClientDirectory, client_seed, config_record,
-                                           discover_clients, payload_bytes, reply_problem,
-                                           round_seed, sample_partitions)
+from fedgo_flwr.strategies.clients import (Client, ClientDirectory, Mailbox, client_seed,
+                                           config_record, discover_clients, payload_bytes,
+                                           query_nodes, reply_problem, round_seed,
+                                           sample_partitions)
 from fedgo_flwr.strategies.local import Local, config_of, reply
 from fedgo_flwr.strategies.registry import StrategySpec
 from fedgo_flwr.teachers import server_autocast
 from fedgo_flwr.train import evaluate, train_classifier
+
+
+# How long a round's start waits for absent or newly connected nodes to answer a query.
+PROBE_SECONDS = 10.0
 
 
 @dataclass
@@ -82,6 +90,9 @@ class FedAvgStrategy(FedAvg):
     """FedAvg (McMahan et al.), the baseline every other strategy extends."""
 
     has_ensemble = False
+    # Attributes that carry from one round to the next (modules, optimisers and schedulers by
+    # their state_dict, anything else as is): what a checkpoint holds beside the global model.
+    carried: tuple[str, ...] = ()
 
     def __init__(self, setup: ServerSetup, record: RunRecord):
         cfg = setup.cfg
@@ -89,23 +100,91 @@ class FedAvgStrategy(FedAvg):
                          min_train_nodes=1, min_available_nodes=1)
         self.setup, self.cfg, self.record = setup, cfg, record
         self.clients: ClientDirectory | None = None
+        self.mailbox: Mailbox | None = None
+        self.absent: set[int] = set()  # partitions that missed their last round
         self._sent_at = 0.0
         self._sampled: dict[int, int] = {}  # node id -> partition id of this round
 
     # --- pre-FL
     def prepare(self, grid: Grid) -> None:
+        """The pre-FL stage; FedAvg's only learns who the clients are."""
+        self.discover(grid)
+
+    def discover(self, grid: Grid) -> None:
         """Learn the clients (partition id, node id, n_k) before the first round."""
-        self.clients = discover_clients(grid, timeout=self.cfg.round_timeout,
-                                        label_histograms=self.cfg.diagnostics and self.has_ensemble)
+        cfg = self.cfg
+        self.clients = discover_clients(grid, timeout=cfg.join_timeout,
+                                        label_histograms=cfg.diagnostics and self.has_ensemble,
+                                        require_all=cfg.require_all_clients)
         self.record.data["clients"] = {
             "num_partitions": self.clients.num_partitions,
             "num_examples": {str(p): c.num_examples for p, c in self.clients.by_partition.items()},
+            "missing_at_start": sorted(set(range(self.clients.num_partitions))
+                                       - set(self.clients.partition_ids)),
         }
-        if self.cfg.diagnostics and self.has_ensemble:
+        if cfg.diagnostics and self.has_ensemble:
             self.record.data["clients"]["label_histograms"] = {
                 str(p): list(c.label_histogram) for p, c in self.clients.by_partition.items()}
 
-    # --- main FL
+    # --- the rounds
+    def run(self, grid: Grid, arrays: ArrayRecord, first_round: int = 1,
+            checkpoint: Callable[[int, ArrayRecord], None] | None = None) -> ArrayRecord:
+        """Rounds first_round..T as Flower's Strategy.start runs them (configure_train, send
+        and receive, aggregate_train, central evaluation; no client-side evaluation), with
+        `checkpoint(t, arrays)` after each round; returns the final global model."""
+        self.mailbox = Mailbox(grid)
+        if first_round == 1:
+            self.evaluate_global(0, arrays)
+        for t in range(first_round, self.cfg.num_server_rounds + 1):
+            log(INFO, "[ROUND %d/%d]", t, self.cfg.num_server_rounds)
+            self.refresh(grid, t)
+            replies = self.mailbox.send_and_receive(
+                self.configure_train(t, arrays, ConfigRecord(), grid),
+                timeout=self.cfg.round_timeout, server_round=t)
+            new, _ = self.aggregate_train(t, replies)
+            arrays = new if new is not None else arrays
+            self.evaluate_global(t, arrays)
+            if checkpoint is not None:
+                checkpoint(t, arrays)
+        return arrays
+
+    def refresh(self, grid: Grid, server_round: int) -> None:
+        """Before sampling: count the replies that came after their round's wait (late, never
+        used), and take back partitions that answer again. A partition is absent from
+        sampling after it misses a round; it rejoins when a late reply of it arrives, or when
+        its node, or a new node reporting its partition id, answers a query."""
+        for node, late_round in self.mailbox.late_replies():
+            pid = self.clients.partition_of(node)
+            if pid is None:
+                continue
+            self.record.round(late_round).setdefault("replies", {}).setdefault(
+                "late", []).append(pid)
+            log(INFO, "late reply of partition %d (round %d): counted, not used", pid, late_round)
+            self.rejoin(pid, server_round)
+        online = set(grid.get_node_ids())
+        known = {c.node_id for c in self.clients.by_partition.values()}
+        probe = sorted(n for n in online if n not in known or self.clients.partition_of(n) in
+                       self.absent)
+        if not probe:
+            return
+        for node, answer in query_nodes(grid, probe, PROBE_SECONDS).items():
+            if isinstance(answer, str) or answer[1] != self.clients.num_partitions:
+                continue
+            pid, _, n, _ = answer
+            old = self.clients.by_partition.get(pid)
+            self.clients.by_partition[pid] = Client(pid, node, n, old and old.label_histogram)
+            self.rejoin(pid, server_round)
+
+    def rejoin(self, pid: int, server_round: int) -> None:
+        if pid in self.absent:
+            self.absent.discard(pid)
+            log(INFO, "round %d: partition %d answers again and rejoins sampling", server_round,
+                pid)
+        elif str(pid) not in self.record.data["clients"]["num_examples"]:
+            log(INFO, "round %d: partition %d joins", server_round, pid)
+        self.record.data["clients"]["num_examples"][str(pid)] = \
+            self.clients.by_partition[pid].num_examples
+
     def train_config(self, server_round: int) -> ConfigRecord:
         cfg = self.cfg
         return config_record(server_round=server_round, local_epochs=cfg.local_epochs,
@@ -119,36 +198,55 @@ class FedAvgStrategy(FedAvg):
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
         pids = sample_partitions(self.clients.partition_ids, self.cfg.fraction_train,
-                                 self.cfg.seed, server_round)
+                                 self.cfg.seed, server_round, frozenset(self.absent))
         self._sampled = {self.clients.by_partition[p].node_id: p for p in pids}
-        self.record.round(server_round)["clients"] = pids
+        entry = self.record.round(server_round)
+        entry["clients"] = pids
+        if self.absent:
+            entry.setdefault("replies", {})["absent"] = sorted(self.absent)
+            log(WARNING, "round %d: partitions %s are absent from sampling", server_round,
+                sorted(self.absent))
         content = self.train_content(server_round, arrays)
         self.record.sent("main_fl", "down", payload_bytes([content]) * len(pids), server_round)
         log(INFO, "round %d: training on partitions %s", server_round, pids)
         self._sent_at = time.perf_counter()
         return [Message(content, dst_node_id=n, message_type="train") for n in self._sampled]
 
+    def reply_problem(self, reply: Message, array_key: str,
+                      template: dict[str, torch.Tensor]) -> str | None:
+        """Why a reply cannot be used, or None; strategies add checks of what they send."""
+        return reply_problem(reply, array_key, template)
+
     def collect(self, replies: Iterable[Message], array_key: str,
-                template: dict[str, torch.Tensor], expected: dict[int, int]) -> list[ClientModel]:
-        """The usable replies as ClientModels; each rejected one is logged with its reason."""
+                template: dict[str, torch.Tensor], expected: dict[int, int]
+                ) -> tuple[list[ClientModel], dict]:
+        """The usable replies as ClientModels, and the tally of the partitions asked: missing
+        (no reply in time), failed (an error reply: the node or its ClientApp failed) and
+        rejected (a reply that fails the checks), the last two with the reason; each is
+        logged."""
         models, seen = [], set()
+        tally = {"asked": len(expected), "missing": [], "failed": {}, "rejected": {}}
         for reply in replies:
             node = reply.metadata.src_node_id
             pid = expected.get(node)
             why = ("not asked this round" if pid is None else "duplicate reply" if pid in seen
-                   else reply_problem(reply, array_key, template))
+                   else self.reply_problem(reply, array_key, template))
             if why:
                 log(WARNING, "rejected reply from node %d (partition %s): %s", node, pid, why)
+                if pid is not None and pid not in seen:
+                    seen.add(pid)
+                    tally["failed" if reply.has_error() else "rejected"][str(pid)] = why
                 continue
             seen.add(pid)
             metrics = dict(reply.content.metric_records["metrics"])
             arrays = {k: a.to_torch_state_dict() for k, a in reply.content.array_records.items()}
             models.append(ClientModel(pid, int(metrics["num-examples"]), arrays.pop(array_key),
                                       metrics, arrays))
-        missing = sorted(set(expected.values()) - seen)
-        if missing:
-            log(WARNING, "no usable reply from partitions %s", missing)
-        return sorted(models, key=lambda m: m.partition_id)
+        no_reply = sorted(set(expected.values()) - seen)
+        if no_reply:
+            log(WARNING, "no reply in time from partitions %s", no_reply)
+        tally.update(missing=no_reply, usable=len(models))
+        return sorted(models, key=lambda m: m.partition_id), tally
 
     def aggregate_train(self, server_round: int,
                         replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
@@ -156,7 +254,10 @@ class FedAvgStrategy(FedAvg):
         self.record.time("client_training", time.perf_counter() - self._sent_at, server_round)
         self.record.sent("main_fl", "up", payload_bytes(replies), server_round)
         template = self.setup.new_classifier().state_dict()
-        models = self.collect(replies, "arrays", template, self._sampled)
+        models, tally = self.collect(replies, "arrays", template, self._sampled)
+        self.record.round(server_round).setdefault("replies", {}).update(tally)
+        # Dropped from sampling until they answer again.
+        self.absent.update([*tally["missing"], *map(int, tally["failed"])])
         if not models:
             log(WARNING, "round %d: no usable client model; the server model is unchanged",
                 server_round)
@@ -179,7 +280,21 @@ class FedAvgStrategy(FedAvg):
         """What the server does after averaging; FedAvg keeps the average."""
         return averaged
 
-    # --- central evaluation (called by Strategy.start after each round, and for round 0)
+    # --- checkpoints
+    def state_dict(self) -> dict:
+        """What carries across rounds (see `carried`)."""
+        return {name: (value.state_dict() if hasattr(value, "state_dict") else value)
+                for name in self.carried for value in [getattr(self, name)]}
+
+    def load_state_dict(self, state: dict) -> None:
+        for name in self.carried:
+            current = getattr(self, name)
+            if hasattr(current, "load_state_dict"):
+                current.load_state_dict(state[name])
+            else:
+                setattr(self, name, state[name])
+
+    # --- central evaluation (after each round, and for round 0)
     def evaluate_global(self, server_round: int, arrays: ArrayRecord) -> MetricRecord:
         start = time.perf_counter()
         model = self.setup.new_classifier()

@@ -14,7 +14,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
-from logging import INFO
+from logging import INFO, WARNING
 
 QUERY_INFO = "query"
 
@@ -54,10 +54,12 @@ class ClientDirectory:
 
 
 def discover_clients(grid: Grid, timeout: float, poll: float = 2.0,
-                     label_histograms: bool = False) -> ClientDirectory:
+                     label_histograms: bool = False,
+                     require_all: bool = True) -> ClientDirectory:
     """Ask every connected node for its partition id, partition count and n_k (and, for the
     diagnostics alone, its label histogram), until all partitions 0..K-1 have answered
-    (deployment nodes may connect late) or `timeout` passes."""
+    (deployment nodes may connect late) or `timeout` passes; then, unless `require_all`,
+    go on with the partitions that answered."""
     deadline = time.monotonic() + timeout
     clients: dict[int, Client] = {}
     asked: set[int] = set()
@@ -65,21 +67,13 @@ def discover_clients(grid: Grid, timeout: float, poll: float = 2.0,
     while True:
         new = [n for n in grid.get_node_ids() if n not in asked]
         asked.update(new)
-        ask = RecordDict({"config": config_record(label_histogram=label_histograms)})
-        msgs = [Message(ask, dst_node_id=n, message_type=QUERY_INFO) for n in new]
         failed = {}
-        for reply in grid.send_and_receive(msgs, timeout=max(deadline - time.monotonic(), 1.0)):
-            node = reply.metadata.src_node_id
-            if reply.has_error():
-                failed[node] = reply.error.reason
+        for node, answer in query_nodes(grid, new, max(deadline - time.monotonic(), 1.0),
+                                        label_histograms).items():
+            if isinstance(answer, str):
+                failed[node] = answer
                 continue
-            info = reply.content.metric_records.get("info")
-            try:
-                pid, k, n = (int(info[key]) for key in ("partition-id", "num-partitions", "num-examples"))
-                hist = tuple(int(c) for c in info["label-histogram"]) if label_histograms else None
-            except (TypeError, KeyError, ValueError):
-                failed[node] = f"malformed info reply {info}"
-                continue
+            pid, k, n, hist = answer
             if num_partitions is None:
                 num_partitions = k
             if k != num_partitions:
@@ -97,20 +91,90 @@ def discover_clients(grid: Grid, timeout: float, poll: float = 2.0,
         if num_partitions is not None and len(clients) == num_partitions:
             break
         if time.monotonic() > deadline:
-            raise TimeoutError(f"only partitions {sorted(clients)} of {num_partitions} answered "
-                               f"within {timeout:.0f}s")
+            missing = sorted(set(range(num_partitions or 0)) - set(clients))
+            what = (f"partitions {missing} of {num_partitions} did not answer within "
+                    f"{timeout:.0f}s (join-timeout)" if clients else
+                    f"no node answered within {timeout:.0f}s (join-timeout); nodes connected: "
+                    f"{len(asked)}")
+            if require_all or not clients:
+                raise TimeoutError(what + ("; require-all-clients = true" if clients else ""))
+            log(WARNING, "%s; going on with the %d that did", what, len(clients))
+            break
         time.sleep(poll)
     log(INFO, "%d clients: n_k = %s", len(clients), [c.num_examples for c in clients.values()])
     return ClientDirectory(list(clients.values()), num_partitions)
 
 
+def query_nodes(grid: Grid, nodes: list[int], timeout: float, label_histograms: bool = False
+                ) -> dict[int, tuple[int, int, int, tuple[int, ...] | None] | str]:
+    """node id -> (partition id, num-partitions, n_k, label histogram or None) for each node
+    that answered the query in time, or the reason its answer is unusable."""
+    ask = RecordDict({"config": config_record(label_histogram=label_histograms)})
+    msgs = [Message(ask, dst_node_id=n, message_type=QUERY_INFO) for n in nodes]
+    answers: dict[int, tuple | str] = {}
+    for reply in (grid.send_and_receive(msgs, timeout=timeout) if msgs else []):
+        node = reply.metadata.src_node_id
+        if reply.has_error():
+            answers[node] = reply.error.reason
+            continue
+        info = reply.content.metric_records.get("info")
+        try:
+            pid, k, n = (int(info[key]) for key in ("partition-id", "num-partitions", "num-examples"))
+            hist = tuple(int(c) for c in info["label-histogram"]) if label_histograms else None
+        except (TypeError, KeyError, ValueError):
+            answers[node] = f"malformed info reply {info}"
+            continue
+        answers[node] = (pid, k, n, hist)
+    return answers
+
+
+class Mailbox:
+    """Grid.send_and_receive that keeps the ids of the messages a wait left unanswered, so a
+    reply that arrives after its round's wait ended is still seen, as late, when the next
+    round starts (and never used)."""
+
+    def __init__(self, grid: Grid, poll: float = 1.0):
+        self.grid, self.poll = grid, poll
+        self.pending: dict[str, tuple[int, int]] = {}  # message id -> (node id, round)
+
+    def send_and_receive(self, messages: list[Message], timeout: float,
+                         server_round: int) -> list[Message]:
+        messages = list(messages)
+        waiting = dict(zip(self.grid.push_messages(messages), (m.metadata.dst_node_id
+                                                                 for m in messages)))
+        deadline, replies = time.monotonic() + timeout, []
+        while waiting:
+            got = list(self.grid.pull_messages(list(waiting)))
+            for reply in got:
+                waiting.pop(reply.metadata.reply_to_message_id, None)
+            replies += got
+            if not waiting or time.monotonic() >= deadline:
+                break
+            time.sleep(self.poll)
+        self.pending.update({mid: (node, server_round) for mid, node in waiting.items()})
+        return replies
+
+    def late_replies(self) -> list[tuple[int, int]]:
+        """(node id, round) of each reply that came after its wait ended, since last asked."""
+        if not self.pending:
+            return []
+        late = []
+        for reply in self.grid.pull_messages(list(self.pending)):
+            sent = self.pending.pop(reply.metadata.reply_to_message_id, None)
+            if sent is not None and not reply.has_error():
+                late.append(sent)
+        return late
+
+
 def sample_partitions(partition_ids: list[int], fraction: float, seed: int,
-                      server_round: int) -> list[int]:
-    """A_t: floor(C * K) partitions (at least one), drawn by (seed, round) alone."""
+                      server_round: int, absent: frozenset[int] = frozenset()) -> list[int]:
+    """A_t: floor(C * K) partitions (at least one), drawn by (seed, round) alone from those
+    not `absent` (all of them but the absent ones when fewer are left)."""
     m = max(1, math.floor(fraction * len(partition_ids)))
+    present = [p for p in partition_ids if p not in absent]
     rng = torch.Generator().manual_seed(seed * 100_003 + server_round)
-    pick = torch.randperm(len(partition_ids), generator=rng)[:m]
-    return sorted(partition_ids[i] for i in pick.tolist())
+    pick = torch.randperm(len(present), generator=rng)[:m]
+    return sorted(present[i] for i in pick.tolist())
 
 
 def reply_problem(reply: Message, array_key: str, template: dict[str, torch.Tensor]) -> str | None:

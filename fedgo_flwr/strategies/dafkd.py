@@ -115,6 +115,7 @@ def train_domain_aware(model: nn.Module, head: nn.Module, generator: Generator,
 # ---------------------------------------------------------------------------- server side
 class DaFKD(EnsembleDistillation):
     has_discriminators = True
+    carried = ("generator", "head")  # the global G and D head; the rest is made each round
 
     def __init__(self, setup: ServerSetup, record: RunRecord):
         super().__init__(setup, record, domain_aware_weights)
@@ -147,20 +148,13 @@ class DaFKD(EnsembleDistillation):
                      "gan-lr": cfg.gan_lr})
         return conf
 
-    def collect(self, replies, array_key, template, expected) -> list[ClientModel]:
+    def reply_problem(self, reply_: Message, array_key: str, template: dict) -> str | None:
         """Train replies must also carry D_k's head, and G in the generator rounds."""
         need = {HEAD: self.head.state_dict()}
         if self.trains_generator(self.current_round):
             need[GENERATOR] = self.generator.state_dict()
-        usable = []
-        for reply_ in replies:
-            why = None if reply_.has_error() else next(
-                (w for key, t in need.items() if (w := arrays_problem(reply_, key, t))), None)
-            if why:
-                log(WARNING, "rejected reply from node %d: %s", reply_.metadata.src_node_id, why)
-                continue
-            usable.append(reply_)
-        return super().collect(usable, array_key, template, expected)
+        return super().reply_problem(reply_, array_key, template) or next(
+            (why for key, t in need.items() if (why := arrays_problem(reply_, key, t))), None)
 
     def server_update(self, server_round: int, averaged: dict[str, torch.Tensor],
                       models: list[ClientModel]) -> dict[str, torch.Tensor]:

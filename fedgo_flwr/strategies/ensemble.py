@@ -12,8 +12,10 @@ early stopping on labelled data) overrides `distill_batches` and `distill_studen
 from __future__ import annotations
 
 import time
+from logging import WARNING
 
 import torch
+from flwr.common.logger import log
 
 from fedgo_flwr.diagnostics import ensemble_diagnostics
 from fedgo_flwr.distill import (cosine_lr, distill, draw_batches, ensemble_log_probs,
@@ -43,6 +45,10 @@ class EnsembleDistillation(FedAvgStrategy):
 
     def test_log_odds(self, models: list[ClientModel]) -> torch.Tensor:
         return torch.zeros(len(models), len(self.setup.test_y))
+
+    def teachers(self, models: list[ClientModel]) -> list[ClientModel]:
+        """The round's models the ensemble weights (FedGO: those with a discriminator)."""
+        return models
 
     # --- the shared distillation protocol
     def server_lr(self, server_round: int) -> float:
@@ -78,6 +84,11 @@ class EnsembleDistillation(FedAvgStrategy):
                       models: list[ClientModel]) -> dict[str, torch.Tensor]:
         dev, u, cfg = self.setup.device, self.u, self.cfg
         entry = self.record.round(server_round)
+        models = self.teachers(models)
+        if not models:
+            log(WARNING, "round %d: no client model can be weighted; the server keeps the "
+                "average", server_round)
+            return averaged
         nets = []
         for m in models:
             net = self.setup.new_classifier()

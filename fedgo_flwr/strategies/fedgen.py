@@ -102,6 +102,8 @@ def train_feature_generator(generator: FeatureGenerator, classifiers: list[nn.Mo
 
 # ---------------------------------------------------------------------------- server side
 class FedGen(FedAvgStrategy):
+    carried = ("generator", "optimizer", "schedule", "prior")
+
     def __init__(self, setup: ServerSetup, record: RunRecord):
         super().__init__(setup, record)
         self.keys = keys = setup.cfg.keys("fedgen")
@@ -130,22 +132,17 @@ class FedGen(FedAvgStrategy):
                          "hidden-dim": keys.hidden_dim})
         return conf
 
-    def collect(self, replies, array_key, template, expected) -> list[ClientModel]:
+    def reply_problem(self, reply: Message, array_key: str, template: dict) -> str | None:
         """Train replies must also carry the client's label counts (c_k), consistent with n_k."""
-        models = super().collect(replies, array_key, template, expected)
-        usable = []
-        for m in models:
-            counts = m.metrics.get("label-counts")
-            ok = (isinstance(counts, list) and len(counts) == self.setup.num_classes
-                  and all(isinstance(c, int) and c >= 0 for c in counts)
-                  and sum(counts) == m.num_examples)
-            if ok:
-                usable.append(m)
-            else:
-                log(WARNING, "rejected reply from partition %d: label-counts %r are not %d "
-                    "non-negative integers summing to n_k = %d", m.partition_id, counts,
-                    self.setup.num_classes, m.num_examples)
-        return usable
+        why = super().reply_problem(reply, array_key, template)
+        if why:
+            return why
+        metrics = reply.content.metric_records["metrics"]
+        counts, n = metrics.get("label-counts"), metrics["num-examples"]
+        ok = (isinstance(counts, list) and len(counts) == self.setup.num_classes
+              and all(isinstance(c, int) and c >= 0 for c in counts) and sum(counts) == n)
+        return None if ok else (f"label-counts {counts!r} are not {self.setup.num_classes} "
+                                f"non-negative integers summing to n_k = {n}")
 
     def server_update(self, server_round: int, averaged: dict[str, torch.Tensor],
                       models: list[ClientModel]) -> dict[str, torch.Tensor]:

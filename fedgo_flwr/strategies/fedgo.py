@@ -18,8 +18,7 @@ from fedgo_flwr.gan import log_odds, train_discriminator, train_wgan_gp
 from fedgo_flwr.generator_cache import generator_description, load_generator, save_generator
 from fedgo_flwr.models import Critic, Discriminator, Generator
 from fedgo_flwr.strategies.base import CLIENT, ClientModel, ServerSetup
-from fedgo_flwr.strategies.clients import (ClientDirectory, client_seed, config_record,
-                                           payload_bytes)
+from fedgo_flwr.strategies.clients import client_seed, config_record, payload_bytes
 from fedgo_flwr.strategies.ensemble import EnsembleDistillation
 from fedgo_flwr.strategies.local import Local, config_of, reply
 from fedgo_flwr.strategies.registry import StrategySpec
@@ -41,6 +40,7 @@ def new_discriminator(cfg, image_shape) -> Discriminator:
 
 class FedGO(EnsembleDistillation):
     has_discriminators = True
+    carried = ("row", "cached_u_log_odds", "cached_test_log_odds")  # D_k enter once, as odds
 
     def __init__(self, setup: ServerSetup, record: RunRecord):
         cfg = setup.cfg
@@ -112,16 +112,17 @@ class FedGO(EnsembleDistillation):
         self.record.time("discriminator_training", time.perf_counter() - start)
         self.record.sent("pre_fl", "up", payload_bytes(replies))
         template = new_discriminator(cfg, self.setup.image_shape).state_dict()
-        received = self.collect(replies, "discriminator", template, expected)
+        received, tally = self.collect(replies, "discriminator", template, expected)
+        self.record.data["pre_fl"]["replies"] = tally
         if not received:
             raise RuntimeError("pre-FL: no client returned a usable discriminator")
-        kept = {m.partition_id for m in received}
-        if len(kept) < len(self.clients):
-            log(WARNING, "pre-FL: partitions %s sent no usable discriminator and are left out "
-                "of training", sorted(set(self.clients.partition_ids) - kept))
-            self.clients = ClientDirectory(
-                [c for p, c in self.clients.by_partition.items() if p in kept],
-                self.clients.num_partitions)
+        left_out = sorted(set(self.clients.partition_ids) - {m.partition_id for m in received})
+        if left_out and cfg.require_all_clients:
+            raise RuntimeError(f"pre-FL: partitions {left_out} sent no usable discriminator "
+                               "(require-all-clients = true)")
+        if left_out:
+            log(WARNING, "pre-FL: partitions %s sent no usable discriminator: they still train, "
+                "and are left out of the odds-weighted ensemble", left_out)
         self.record.data["pre_fl"]["discriminator_loss"] = {
             str(m.partition_id): m.metrics.get("discriminator-loss") for m in received}
         discriminators = {}
@@ -149,6 +150,9 @@ class FedGO(EnsembleDistillation):
             stats["mean"], 100 * stats["share_near_cap"])
 
     # ------------------------------------------------------------------ main FL
+    def teachers(self, models: list[ClientModel]) -> list[ClientModel]:
+        return [m for m in models if m.partition_id in self.row]
+
     def u_log_odds(self, models: list[ClientModel], view: int) -> torch.Tensor:
         return self.cached_u_log_odds[[self.row[m.partition_id] for m in models], view]
 

@@ -1,0 +1,127 @@
+"""Checkpoints, resuming, and nodes that go missing, on the in-process grid (the real ServerApp
+and ClientApp code; the real runtime's kill-and-resume is in test_flwr_run.py, lost SuperNodes
+in test_deploy.py)."""
+
+import json
+
+import pytest
+import torch
+
+import client_app.app as client_module
+from fedgo_flwr import checkpoint
+from fedgo_flwr.config import ConfigError
+from fedgo_flwr.inprocess import InProcessGrid
+from server_app.app import run
+
+# Each strategy with state that carries across rounds, and FedAvg.
+RESUMABLE = {
+    "fedavg": {},
+    "fedgo": {},
+    "fedgen": {"fedgen_generator_steps": 3},
+    "dafkd": {"dafkd_gan_rounds": 2},
+}
+
+
+def _run(cfg, partitions=4, grid=None):
+    grid = grid or InProcessGrid(client_module.app, cfg.to_run_config(), partitions)
+    path = run(grid, cfg)
+    return json.loads(path.read_text()), torch.load(path.parent / "model.pt"), grid
+
+
+@pytest.mark.parametrize("strategy", RESUMABLE)
+def test_a_run_resumed_after_round_two_ends_with_the_uninterrupted_model(strategy, tiny_config,
+                                                                        tmp_path):
+    cfg = tiny_config.replace(strategy=strategy, num_server_rounds=3, checkpoint_keep=3,
+                              **RESUMABLE[strategy])
+    record, model, _ = _run(cfg)
+    saved = sorted(p.name for p in (cfg.results_path / "tiny" / "checkpoints").iterdir())
+    assert saved == ["round-0001.pt", "round-0002.pt", "round-0003.pt"]
+
+    # The same config but for where things are (another results-dir).
+    again = cfg.replace(results_dir=str(tmp_path / "elsewhere"),
+                        resume_from=str(checkpoint.path_of(cfg.results_path / "tiny", 2)))
+    resumed, resumed_model, grid = _run(again)
+    assert resumed["config"] == record["config"]
+    assert resumed["resumed"][0]["after_round"] == 2
+    assert [r["round"] for r in resumed["rounds"]] == [0, 1, 2, 3]
+    assert resumed["rounds"][:3] == record["rounds"][:3]  # rounds 0-2 came from the checkpoint
+    asked = {m.metadata.message_type for m in grid.sent}
+    assert "train.discriminator" not in asked  # FedGO's pre-FL stage is not redone
+    for name, tensor in model.items():
+        assert torch.allclose(resumed_model[name].double(), tensor.double(), atol=1e-6), name
+    timing = ("seconds", "round_seconds", "client_seconds")
+    final = {k: v for k, v in record["rounds"][3].items() if k not in timing}
+    assert {k: resumed["rounds"][3][k] for k in final} == final
+
+
+def test_resuming_with_another_config_fails_naming_the_keys(tiny_config):
+    cfg = tiny_config.replace(strategy="fedavg", num_server_rounds=1)
+    _run(cfg)
+    other = cfg.replace(seed=5, alpha=0.1, resume_from=str(cfg.results_path / "tiny"))
+    with pytest.raises(ConfigError, match=r"key\(s\) \['alpha', 'seed'\] differ .* "
+                                          r"\{'alpha': 0.5, 'seed': 0\}"):
+        run(InProcessGrid(client_module.app, other.to_run_config(), 4), other)
+
+
+def test_checkpoints_are_pruned_and_resume_from_takes_a_run_folder(tiny_config):
+    cfg = tiny_config.replace(strategy="fedavg", num_server_rounds=3, checkpoint_keep=1)
+    _run(cfg)
+    folder = cfg.results_path / "tiny"
+    assert [p.name for p in (folder / "checkpoints").iterdir()] == ["round-0003.pt"]
+    assert checkpoint.find(folder).name == "round-0003.pt"
+    none = tiny_config.replace(strategy="fedavg", run_name="none", checkpoint_keep=0)
+    _run(none)
+    assert not (none.results_path / "none" / "checkpoints").exists()
+    with pytest.raises(FileNotFoundError, match="resume-from = .*none.*no checkpoint there"):
+        checkpoint.find(none.results_path / "none")
+
+
+class FlakyGrid(InProcessGrid):
+    """Partition 3's node is offline at the start and connects during round 1; partition 1's
+    node goes offline when round 2 starts and comes back (answering round 2 late) during
+    round 3."""
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        rounds = {int(m.content.config_records["config"]["server-round"]) for m in messages
+                  if m.metadata.message_type == "train"}
+        if 2 in rounds:
+            self.offline.add(self.node(1))
+        ids = super().push_messages(messages)
+        if 1 in rounds:
+            self.back_online(self.node(3))
+        if 3 in rounds:
+            self.back_online(self.node(1))
+        return ids
+
+    def node(self, partition: int) -> int:
+        return next(n for n, c in self.nodes.items() if c.node_config["partition-id"] == partition)
+
+
+def test_a_missing_node_is_named_dropped_after_a_missed_round_and_rejoins(tiny_config):
+    cfg = tiny_config.replace(strategy="fedgo", num_server_rounds=4, fraction_train=1.0,
+                              join_timeout=1.0, round_timeout=1.0)
+    grid = FlakyGrid(client_module.app, cfg.to_run_config(), 4)
+    grid.offline.add(grid.node(3))
+    record, _, _ = _run(cfg, grid=grid)
+    assert record["clients"]["missing_at_start"] == [3]
+    assert record["pre_fl"]["replies"]["usable"] == 3  # partition 3 has no discriminator
+    rounds = {r["round"]: r for r in record["rounds"]}
+    assert rounds[1]["clients"] == [0, 1, 2]
+    assert rounds[2]["clients"] == [0, 1, 2, 3]  # 3 joined when its node connected
+    assert rounds[2]["replies"]["missing"] == [1]
+    assert rounds[2]["replies"]["late"] == [1]  # its answer came during round 3, unused
+    assert rounds[3]["clients"] == [0, 2, 3] and rounds[3]["replies"]["absent"] == [1]
+    assert rounds[4]["clients"] == [0, 1, 2, 3]  # 1 rejoined
+    assert all(r["replies"]["usable"] == len(r["clients"]) - len(r["replies"]["missing"])
+               for r in rounds.values() if r["round"] > 0)
+    # 3 trains but has no discriminator: the odds ensemble weights the other three.
+    assert rounds[4]["ensemble_test_acc"] > 0
+
+
+def test_require_all_clients_fails_fast_naming_the_missing_partition(tiny_config):
+    cfg = tiny_config.replace(strategy="fedavg", join_timeout=1.0, require_all_clients=True)
+    grid = FlakyGrid(client_module.app, cfg.to_run_config(), 4)
+    grid.offline.add(grid.node(2))
+    with pytest.raises(TimeoutError, match=r"partitions \[2\] of 4 did not answer within 1s"):
+        run(grid, cfg)
