@@ -6,6 +6,7 @@ import ipaddress
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -50,38 +51,90 @@ def test_certificates_chain_to_the_ca_and_name_the_host(tmp_path):
     assert oct(paths["key"].stat().st_mode)[-3:] == "600"
 
 
-def test_fedgo_runs_on_a_tls_deployment_with_authenticated_supernodes(tiny_data_dir, tmp_path):
-    folder = tmp_path / "deployment"
-    bindir = Path(sys.executable).parent
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory):
+    """A SuperLink with TLS and SuperNode authentication, and 3 registered SuperNodes, shared
+    by the tests below in file order (the second stops two of the nodes)."""
+    folder = tmp_path_factory.mktemp("deployment")
     info = deploy.up(folder, nodes=3, port=_free_port_block(4), secure=True, auth=True)
-    try:
-        env = info["env"]
-        nodes = json.loads(subprocess.run(
-            [str(bindir / "flwr"), "supernode", "list", deploy.FEDERATION, "--format", "json"],
-            env=env, capture_output=True, text=True, timeout=60).stdout)["nodes"]
-        assert len(nodes) == 3 and all(n["status"] == "online" for n in nodes)
-        results = tmp_path / "results"
-        overrides = (f'data-dir="{tiny_data_dir}" results-dir="{results}" run-name="deployed" '
-                     "num-server-rounds=2 fraction-train=0.67 local-epochs=1 server-epochs=1 "
-                     "generator-steps=2 generator-width=8 discriminator-width=8 "
-                     "discriminator-epochs=1 distill-size=0 alpha=0.5")
-        run = subprocess.run([str(bindir / "flwr"), "run", str(REPO), deploy.FEDERATION,
-                              "--stream", "-c", overrides],
-                             env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
-        out = run.stdout + run.stderr
-        run_id = re.search(r"Successfully started run (\d+)", out)
-        assert run_id, out[-3000:]
-        listing = subprocess.run([str(bindir / "flwr"), "list", deploy.FEDERATION, "--run-id",
-                                  run_id.group(1), "--format", "json"],
-                                 env=env, capture_output=True, text=True, timeout=120)
-        assert json.loads(listing.stdout)["runs"][0]["status"] == "finished:completed", out[-3000:]
-        record = json.loads((results / "deployed" / "record.json").read_text())
-        assert record["clients"]["num_partitions"] == 3  # partition ids from --node-config
-        assert [r["round"] for r in record["rounds"]] == [0, 1, 2]
-        assert record["bytes"]["pre_fl_down"] > 0  # G went to each node over TLS
-    finally:
-        pids = deploy.down(folder)
+    yield info
+    pids = deploy.down(folder)
     assert len(pids) == 4 and not any(deploy._alive(pid) for pid in pids)
+
+
+def _flwr(env, *args, timeout=600, **kwargs):
+    return subprocess.run([str(Path(sys.executable).parent / "flwr"), *args], env=env,
+                          capture_output=True, text=True, timeout=timeout, **kwargs)
+
+
+def _run_app(env, cwd, overrides, **kwargs):
+    """`flwr run` on the deployment, to its end; returns its output and final status."""
+    out = _flwr(env, "run", str(REPO), deploy.FEDERATION, "--stream", "-c", overrides, cwd=cwd,
+                **kwargs)
+    out = out.stdout + out.stderr
+    run_id = re.search(r"Successfully started run (\d+)", out)
+    assert run_id, out[-3000:]
+    listing = _flwr(env, "list", deploy.FEDERATION, "--run-id", run_id.group(1), "--format",
+                    "json", timeout=120)
+    return out, json.loads(listing.stdout)["runs"][0]["status"]
+
+
+TINY = ("num-server-rounds={rounds} local-epochs=1 server-epochs=1 generator-steps=2 "
+        "generator-width=8 discriminator-width=8 discriminator-epochs=1 distill-size=0 alpha=0.5")
+
+
+def test_fedgo_runs_on_a_tls_deployment_with_authenticated_supernodes(deployment, tiny_data_dir,
+                                                                      tmp_path):
+    env = deployment["env"]
+    nodes = json.loads(_flwr(env, "supernode", "list", deploy.FEDERATION, "--format", "json",
+                             timeout=60).stdout)["nodes"]
+    assert len(nodes) == 3 and all(n["status"] == "online" for n in nodes)
+    results = tmp_path / "results"
+    out, status = _run_app(env, tmp_path, f'data-dir="{tiny_data_dir}" results-dir="{results}" '
+                           f'run-name="deployed" fraction-train=0.67 {TINY.format(rounds=2)}')
+    assert status == "finished:completed", out[-3000:]
+    record = json.loads((results / "deployed" / "record.json").read_text())
+    assert record["clients"]["num_partitions"] == 3  # partition ids from --node-config
+    assert [r["round"] for r in record["rounds"]] == [0, 1, 2]
+    assert record["bytes"]["pre_fl_down"] > 0  # G went to each node over TLS
+
+
+def test_a_run_goes_on_without_supernodes_lost_before_and_during_it(deployment, tiny_data_dir,
+                                                                    tmp_path):
+    """SuperNode 2 stopped before the run, SuperNode 1 once round 1 is checkpointed: the run
+    completes with partition 0 (and 1 until it went), and the record names both."""
+    env, supernodes = deployment["env"], deployment["pids"]["supernodes"]
+    os.killpg(supernodes[2], signal.SIGTERM)
+    deploy._wait_for(lambda: not deploy._alive(supernodes[2]), 30, "SuperNode 2 did not stop")
+    results = tmp_path / "results"
+    overrides = (f'data-dir="{tiny_data_dir}" results-dir="{results}" run-name="lost" '
+                 f"fraction-train=1.0 join-timeout=60 round-timeout=30 checkpoint-keep=4 "
+                 f"{TINY.format(rounds=4)}")
+    log = open(tmp_path / "run.log", "w")
+    app = subprocess.Popen([str(Path(sys.executable).parent / "flwr"), "run", str(REPO),
+                            deploy.FEDERATION, "--stream", "-c", overrides], env=env,
+                           cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deploy._wait_for(lambda: (results / "lost" / "checkpoints" / "round-0001.pt").exists()
+                         or app.poll() is not None, 300, "round 1 did not end")
+        os.killpg(supernodes[1], signal.SIGTERM)
+        app.wait(timeout=400)
+    finally:
+        if app.poll() is None:
+            app.kill()
+    out = (tmp_path / "run.log").read_text()
+    record = json.loads((results / "lost" / "record.json").read_text())
+    assert record["clients"]["missing_at_start"] == [2], out[-3000:]
+    assert record["pre_fl"]["replies"]["usable"] == 2
+    rounds = record["rounds"][1:]
+    assert rounds[0]["clients"] == [0, 1] and rounds[0]["replies"]["usable"] == 2
+    lost = next(i for i, r in enumerate(rounds)
+                if 1 in r["replies"]["missing"] or "1" in r["replies"]["failed"])
+    assert all(r["clients"] == [0] and r["replies"]["absent"] == [1] for r in rounds[lost + 1:])
+    assert lost + 1 < len(rounds)  # at least one round ran without it
+    assert all(r["replies"]["usable"] >= 1 for r in rounds)
+    assert [r["round"] for r in record["rounds"]] == [0, 1, 2, 3, 4]
+    assert "partitions [2] of 3 did not answer within 60s" in out
 
 
 def test_an_unregistered_supernode_is_refused(tmp_path):

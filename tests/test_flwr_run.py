@@ -8,9 +8,11 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from conftest import REPO
@@ -94,6 +96,79 @@ def test_flwr_run_completes_and_writes_the_record(strategy, tiny_data_dir, tmp_p
     assert ("pre_fl_down" in record["bytes"]) == ("fedgo" in overrides)  # FedGO's pre-FL stage
     assert (results / "real" / "model.pt").is_file()
     assert "round 2 | server acc" in out  # progress lines reach the user
+
+
+def _children(pid: int) -> list[int]:
+    """Every process below `pid`."""
+    parent = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    found, frontier = [], [pid]
+    while frontier:
+        below = [p for p, pp in parent.items() if pp in frontier]
+        found += below
+        frontier = below
+    return found
+
+
+def _flwr_run(env, cwd, overrides, wait=True):
+    cmd = [str(Path(sys.executable).parent / "flwr"), "run", str(REPO), "--stream",
+           "--federation-config", "num-supernodes=3 client-resources-num-cpus=1", "-c", overrides]
+    if wait:
+        return subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=600)
+    log = open(cwd / "killed.log", "w")
+    return subprocess.Popen(cmd, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT)
+
+
+def test_a_killed_run_resumes_from_its_checkpoint_to_the_uninterrupted_model(
+        tiny_data_dir, tmp_path, isolated_flwr):
+    env, results = isolated_flwr, tmp_path / "results"
+    common = (f'data-dir="{tiny_data_dir}" results-dir="{results}" strategy="fedgo" '
+              "num-server-rounds=4 fraction-train=0.5 local-epochs=1 server-epochs=1 "
+              "generator-steps=2 generator-width=8 discriminator-width=8 "
+              "discriminator-epochs=1 distill-size=0 alpha=0.5")
+    whole = _flwr_run(env, tmp_path, common + ' run-name="whole"')
+    assert (results / "whole" / "model.pt").is_file(), (whole.stdout + whole.stderr)[-3000:]
+
+    # The same run, its ServerApp process (in simulation, flwr-simulation, which also holds
+    # the Ray clients) killed with SIGKILL once round 2's checkpoint is written.
+    killed = _flwr_run(env, tmp_path, common + ' run-name="cut"', wait=False)
+    checkpoint = results / "cut" / "checkpoints" / "round-0002.pt"
+    try:
+        deadline = time.monotonic() + 300
+        while not checkpoint.exists() and time.monotonic() < deadline and killed.poll() is None:
+            time.sleep(0.1)
+        assert checkpoint.exists(), (tmp_path / "killed.log").read_text()[-3000:]
+        superlink, = _superlink_pids(Path(env["FLWR_HOME"]))
+        simulation = [p for p in _children(superlink)
+                      if b"flwr-simulation" in Path(f"/proc/{p}/cmdline").read_bytes()]
+        assert len(simulation) == 1
+        doomed = [simulation[0], *_children(simulation[0])]
+        for pid in doomed:
+            os.kill(pid, signal.SIGKILL)
+    finally:
+        killed.kill()
+        killed.wait()
+    assert not (results / "cut" / "record.json").exists()  # it did not get to the end
+    assert not (results / "cut" / "checkpoints" / "round-0003.pt").exists()
+    run_id = re.search(r"Successfully started run (\d+)", (tmp_path / "killed.log").read_text())
+    subprocess.run([str(Path(sys.executable).parent / "flwr"), "stop", run_id.group(1)],
+                   env=env, cwd=tmp_path, capture_output=True, timeout=120)
+
+    resumed = _flwr_run(env, tmp_path, common + f' run-name="cut" resume-from="{results / "cut"}"')
+    out = resumed.stdout + resumed.stderr
+    assert "resuming cut after round 2" in out, out[-3000:]
+    record = json.loads((results / "cut" / "record.json").read_text())
+    assert [r["round"] for r in record["rounds"]] == [0, 1, 2, 3, 4]
+    assert record["resumed"][0]["after_round"] == 2
+    reference = torch.load(results / "whole" / "model.pt")
+    final = torch.load(results / "cut" / "model.pt")
+    for name, tensor in reference.items():
+        assert torch.allclose(final[name].double(), tensor.double(), atol=1e-5), name
 
 
 def test_bench_plan_runs_every_cell_resumes_and_reports(tiny_data_dir, tmp_path, isolated_flwr,

@@ -113,6 +113,7 @@ class FedAvgStrategy(FedAvg):
     def discover(self, grid: Grid) -> None:
         """Learn the clients (partition id, node id, n_k) before the first round."""
         cfg = self.cfg
+        self.mailbox = Mailbox(grid)
         self.clients = discover_clients(grid, timeout=cfg.join_timeout,
                                         label_histograms=cfg.diagnostics and self.has_ensemble,
                                         require_all=cfg.require_all_clients)
@@ -132,7 +133,6 @@ class FedAvgStrategy(FedAvg):
         """Rounds first_round..T as Flower's Strategy.start runs them (configure_train, send
         and receive, aggregate_train, central evaluation; no client-side evaluation), with
         `checkpoint(t, arrays)` after each round; returns the final global model."""
-        self.mailbox = Mailbox(grid)
         if first_round == 1:
             self.evaluate_global(0, arrays)
         for t in range(first_round, self.cfg.num_server_rounds + 1):
@@ -227,7 +227,7 @@ class FedAvgStrategy(FedAvg):
         models, seen = [], set()
         tally = {"asked": len(expected), "missing": [], "failed": {}, "rejected": {}}
         for reply in replies:
-            node = reply.metadata.src_node_id
+            node = self.mailbox.node_of(reply)
             pid = expected.get(node)
             why = ("not asked this round" if pid is None else "duplicate reply" if pid in seen
                    else self.reply_problem(reply, array_key, template))

@@ -136,12 +136,20 @@ class Mailbox:
     def __init__(self, grid: Grid, poll: float = 1.0):
         self.grid, self.poll = grid, poll
         self.pending: dict[str, tuple[int, int]] = {}  # message id -> (node id, round)
+        self.destination: dict[str, int] = {}  # message id -> the node it went to
+
+    def node_of(self, reply: Message) -> int:
+        """The node a reply answers for: an error reply the SuperLink makes for a node that
+        went offline comes from the SuperLink itself."""
+        return self.destination.get(reply.metadata.reply_to_message_id,
+                                    reply.metadata.src_node_id)
 
     def send_and_receive(self, messages: list[Message], timeout: float,
                          server_round: int) -> list[Message]:
         messages = list(messages)
         waiting = dict(zip(self.grid.push_messages(messages), (m.metadata.dst_node_id
                                                                  for m in messages)))
+        self.destination.update(waiting)
         deadline, replies = time.monotonic() + timeout, []
         while waiting:
             got = list(self.grid.pull_messages(list(waiting)))

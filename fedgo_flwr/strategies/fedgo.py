@@ -106,9 +106,9 @@ class FedGO(EnsembleDistillation):
             len(expected), cfg.discriminator_epochs)
         self.record.sent("pre_fl", "down", arrays.count_bytes() * len(expected))
         start = time.perf_counter()
-        replies = list(grid.send_and_receive(
+        replies = self.mailbox.send_and_receive(
             [Message(content, dst_node_id=n, message_type=TRAIN_DISCRIMINATOR) for n in expected],
-            timeout=cfg.round_timeout))
+            timeout=cfg.round_timeout, server_round=0)
         self.record.time("discriminator_training", time.perf_counter() - start)
         self.record.sent("pre_fl", "up", payload_bytes(replies))
         template = new_discriminator(cfg, self.setup.image_shape).state_dict()
