@@ -9,6 +9,17 @@ bash scripts/setup.sh
 # Our dependencies are installed; the SuperLink must not re-resolve them per run (it would
 # download a CUDA torch).
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
+# A local SuperLink of our own (own FLWR_HOME, free ports): `flwr run` would otherwise attach
+# to whatever SuperLink listens on the default ports, started by whom and however. It is
+# stopped by PID when this script ends.
+export FLWR_HOME="${FLWR_HOME:-$PWD/.flwr-home}"
+free_port() { python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+export FLWR_LOCAL_CONTROL_API_PORT="${FLWR_LOCAL_CONTROL_API_PORT:-$(free_port)}"
+export FLWR_LOCAL_SUPERLINK_HTTP_API_PORT="${FLWR_LOCAL_SUPERLINK_HTTP_API_PORT:-$(free_port)}"
+stop_superlink() {
+  for pid in $(pgrep -f "flower-superlink.*$FLWR_HOME" || true); do kill "$pid" 2>/dev/null || true; done
+}
+trap stop_superlink EXIT
 FEDERATION="${FEDERATION:-num-supernodes=20 client-resources-num-cpus=1 client-resources-num-gpus=0}"
 log=$(mktemp)
 echo "[run] flwr run . --stream --federation-config \"$FEDERATION\" $*"
