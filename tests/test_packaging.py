@@ -1,10 +1,19 @@
 """The app's dependency set resolves for every Python it claims: a SuperLink with runtime
 dependency installation on (Flower's default) resolves it with uv for each of them, and an app
 claiming a Python that one of its dependencies does not support fails there (exit code 608).
-Checked offline against the installed distributions' metadata."""
+Checked offline against the installed distributions: their metadata, and uv itself (Flower
+installs it) resolving pyproject.toml against wheels made of nothing but that metadata."""
 
 import importlib.metadata as metadata
+import re
+import shutil
+import subprocess
+import sys
 import tomllib
+import zipfile
+from pathlib import Path
+
+import pytest
 
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
@@ -31,3 +40,45 @@ def test_every_dependency_supports_every_claimed_python_and_its_bounds_hold():
         supported = SpecifierSet(metadata.metadata(req.name).get("Requires-Python") or "")
         unsupported = [str(v) for v in CLAIMED if v not in supported]
         assert not unsupported, f"{req.name} {installed} does not support Python {unsupported}"
+
+
+@pytest.fixture(scope="module")
+def installed_wheels(tmp_path_factory) -> Path:
+    """A find-links folder with one metadata-only wheel per installed distribution (this
+    project's own left out): what uv may choose from is exactly what is installed."""
+    folder = tmp_path_factory.mktemp("installed-wheels")
+    for dist in metadata.distributions():
+        name = dist.metadata["Name"]
+        if not name or name.lower() == PROJECT["name"]:
+            continue
+        stem = f"{re.sub(r'[-_.]+', '_', name).lower()}-{dist.version}"
+        with zipfile.ZipFile(folder / f"{stem}-py3-none-any.whl", "w") as whl:
+            whl.writestr(f"{stem}.dist-info/METADATA", dist.read_text("METADATA"))
+            whl.writestr(f"{stem}.dist-info/WHEEL", "Wheel-Version: 1.0\nGenerator: test\n"
+                         "Root-Is-Purelib: true\nTag: py3-none-any\n")
+            whl.writestr(f"{stem}.dist-info/RECORD", "")
+    return folder
+
+
+def _uv_compile(pyproject: Path, links: Path, python: str) -> subprocess.CompletedProcess:
+    uv = shutil.which("uv", path=str(Path(sys.executable).parent)) or shutil.which("uv")
+    return subprocess.run([uv, "pip", "compile", "--offline", "--no-index", "--find-links",
+                           str(links), "--python-version", python, "--python-platform",
+                           "x86_64-unknown-linux-gnu", str(pyproject), "--quiet"],
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("python", [f"{v.major}.{v.minor}" for v in CLAIMED])
+def test_uv_resolves_the_dependencies_offline_against_the_installed_packages(python,
+                                                                            installed_wheels):
+    out = _uv_compile(REPO / "pyproject.toml", installed_wheels, python)
+    assert out.returncode == 0, out.stderr
+    pins = dict(line.split("==") for line in out.stdout.splitlines() if "==" in line)
+    assert pins["flwr"] == metadata.version("flwr")
+    assert pins["torch"] == metadata.version("torch")
+
+
+def test_uv_refuses_a_python_below_flowers_floor(installed_wheels):
+    """What a SuperLink met with requires-python = ">=3.10": unsatisfiable, exit code 608."""
+    out = _uv_compile(REPO / "pyproject.toml", installed_wheels, "3.10")
+    assert out.returncode != 0 and "flwr" in out.stderr and "requires Python >=3.11" in out.stderr
