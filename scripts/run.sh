@@ -17,7 +17,10 @@ free_port() { python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1"
 export FLWR_LOCAL_CONTROL_API_PORT="${FLWR_LOCAL_CONTROL_API_PORT:-$(free_port)}"
 export FLWR_LOCAL_SUPERLINK_HTTP_API_PORT="${FLWR_LOCAL_SUPERLINK_HTTP_API_PORT:-$(free_port)}"
 stop_superlink() {
-  for pid in $(pgrep -f "flower-superlink.*$FLWR_HOME" || true); do kill "$pid" 2>/dev/null || true; done
+  for pid in $(pgrep -f "flower-superlink.*$FLWR_HOME" || true); do
+    kill "$pid" 2>/dev/null || continue
+    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+  done
 }
 trap stop_superlink EXIT
 FEDERATION="${FEDERATION:-num-supernodes=20 client-resources-num-cpus=1 client-resources-num-gpus=0}"
