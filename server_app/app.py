@@ -34,7 +34,7 @@ def run(grid: Grid, cfg: Config) -> Path:
     resumed = None
     if cfg.resume_from:
         path, resumed = checkpoint.load(cfg.resume_from)
-        resumed_config(cfg, resumed["record"]["data"]["config"], path)
+        check_resumable(cfg, resumed["record"]["data"]["config"], path)
     torch.manual_seed(cfg.seed)
     np.random.seed(cfg.seed)
     run_name = cfg.run_name or (f"{cfg.strategy}-{cfg.dataset}-a{cfg.alpha:g}-s{cfg.seed}-"
@@ -91,10 +91,10 @@ def run(grid: Grid, cfg: Config) -> Path:
 LOCATION_KEYS = ("resume-from", "data-dir", "results-dir")
 
 
-def resumed_config(given: Config, saved: dict, path: Path) -> None:
-    """The config to go on with: the run's own. The clients read their partition from the
-    run config `flwr run` gives them, so it must be the checkpointed run's (but for where
-    things are); a key that differs fails fast, naming the value to give."""
+def check_resumable(given: Config, saved: dict, path: Path) -> None:
+    """Fail unless `given` is the checkpointed run's config but for where things are: the
+    clients read their partition from the run config `flwr run` gives them. The error names
+    the values to give."""
     now = given.to_run_config()
     differ = {k: saved.get(k) for k in sorted(now)
               if k not in LOCATION_KEYS and now[k] != saved.get(k)}
