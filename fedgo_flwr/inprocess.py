@@ -1,7 +1,8 @@
 """An in-process Grid for tests and the performance benchmark: the real ServerApp and
 ClientApp code, with messages handed straight to `client_app(message, context)` one after the
-other instead of travelling through a SuperLink; nodes can be taken offline and brought back. The real runtime (SuperLink + Ray) is what
-`flwr run` uses and what tests/test_flwr_run.py exercises."""
+other instead of travelling through a SuperLink; nodes can be taken offline and brought back,
+or lost (still listed, answered by the SuperLink's "Node Unavailable" error). The real runtime
+(SuperLink + Ray) is what `flwr run` uses and what tests/test_flwr_run.py exercises."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import itertools
 
 from flwr.app import Context, Message, RecordDict
 from flwr.app.error import Error
+from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 from flwr.serverapp import Grid
 from flwr.supercore.task_identity import TaskIdentity
 
@@ -29,6 +31,7 @@ class InProcessGrid(Grid):
         self.sent: list[Message] = []
         self.offline: set[int] = set()  # nodes that neither list nor answer
         self.held: dict[str, Message] = {}  # messages to offline nodes
+        self.lost: set[int] = set()  # listed, but gone before its messages reach it
         self.replies: dict[str, Message] = {}
         self._ids = itertools.count()
 
@@ -54,7 +57,9 @@ class InProcessGrid(Grid):
             mid = str(next(self._ids))
             msg.metadata.__dict__["_message_id"] = mid
             ids.append(mid)
-            if msg.metadata.dst_node_id in self.offline:
+            if msg.metadata.dst_node_id in self.lost:
+                self.replies[mid] = self._unavailable(msg)
+            elif msg.metadata.dst_node_id in self.offline:
                 self.held[mid] = msg
             else:
                 self.replies[mid] = self._answer(msg)
@@ -71,6 +76,15 @@ class InProcessGrid(Grid):
         for mid, msg in [(m, msg) for m, msg in self.held.items()
                          if msg.metadata.dst_node_id == node_id]:
             self.replies[mid] = self._answer(self.held.pop(mid))
+
+    @staticmethod
+    def _unavailable(msg):
+        """The error reply a SuperLink makes, from its own node id, for a node that stopped
+        sending heartbeats."""
+        reply = Message(Error(code=ErrorCode.NODE_UNAVAILABLE, reason="Error: Node Unavailable"),
+                        reply_to=msg)
+        reply.metadata.__dict__["_src_node_id"] = SUPERLINK_NODE_ID
+        return reply
 
     def _answer(self, msg):
         context = self.nodes[msg.metadata.dst_node_id]

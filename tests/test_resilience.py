@@ -119,6 +119,35 @@ def test_a_missing_node_is_named_dropped_after_a_missed_round_and_rejoins(tiny_c
     assert rounds[4]["ensemble_test_acc"] > 0
 
 
+class LosingGrid(FlakyGrid):
+    """Partition 1's node is lost when round 2 starts: still listed, the SuperLink answers its
+    messages with "Node Unavailable" from its own node id."""
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        if any(m.metadata.message_type == "train" and
+               m.content.config_records["config"]["server-round"] == 2 for m in messages):
+            self.lost.add(self.node(1))
+        return InProcessGrid.push_messages(self, messages)
+
+
+def test_a_node_lost_after_it_is_listed_is_one_that_did_not_answer(tiny_config):
+    # Partition 2's node is listed but gone when discovery queries it: discovery goes on
+    # without it (it is not a node that failed to load its partition).
+    cfg = tiny_config.replace(strategy="fedgo", num_server_rounds=3, fraction_train=1.0,
+                              join_timeout=1.0, round_timeout=1.0)
+    grid = LosingGrid(client_module.app, cfg.to_run_config(), 4)
+    grid.lost.add(grid.node(2))
+    record, _, _ = _run(cfg, grid=grid)
+    assert record["clients"]["missing_at_start"] == [2]
+    assert record["pre_fl"]["replies"]["usable"] == 3
+    rounds = {r["round"]: r for r in record["rounds"]}
+    assert rounds[1]["clients"] == [0, 1, 3]
+    assert "Node Unavailable" in rounds[2]["replies"]["failed"]["1"]
+    assert rounds[2]["replies"]["usable"] == 2
+    assert rounds[3]["clients"] == [0, 3] and rounds[3]["replies"]["absent"] == [1]
+
+
 def test_require_all_clients_fails_fast_naming_the_missing_partition(tiny_config):
     cfg = tiny_config.replace(strategy="fedavg", join_timeout=1.0, require_all_clients=True)
     grid = FlakyGrid(client_module.app, cfg.to_run_config(), 4)

@@ -114,7 +114,7 @@ class FedAvgStrategy(FedAvg):
         """Learn the clients (partition id, node id, n_k) before the first round."""
         cfg = self.cfg
         self.mailbox = Mailbox(grid)
-        self.clients = discover_clients(grid, timeout=cfg.join_timeout,
+        self.clients = discover_clients(self.mailbox, timeout=cfg.join_timeout,
                                         label_histograms=cfg.diagnostics and self.has_ensemble,
                                         require_all=cfg.require_all_clients)
         self.record.data["clients"] = {
@@ -167,7 +167,7 @@ class FedAvgStrategy(FedAvg):
                        self.absent)
         if not probe:
             return
-        for node, answer in query_nodes(grid, probe, PROBE_SECONDS).items():
+        for node, answer in query_nodes(self.mailbox, probe, PROBE_SECONDS).items():
             if isinstance(answer, str) or answer[1] != self.clients.num_partitions:
                 continue
             pid, _, n, _ = answer

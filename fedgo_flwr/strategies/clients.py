@@ -12,11 +12,16 @@ from dataclasses import dataclass
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from logging import INFO, WARNING
 
 QUERY_INFO = "query"
+# Error replies the SuperLink makes itself (the node went away, or the message expired): the
+# node did not answer, nothing is known about its partition.
+NO_ANSWER = frozenset({ErrorCode.NODE_UNAVAILABLE, ErrorCode.MESSAGE_UNAVAILABLE,
+                       ErrorCode.REPLY_MESSAGE_UNAVAILABLE})
 
 
 @dataclass(frozen=True)
@@ -53,13 +58,15 @@ class ClientDirectory:
         return None
 
 
-def discover_clients(grid: Grid, timeout: float, poll: float = 2.0,
+def discover_clients(mailbox: Mailbox, timeout: float, poll: float = 2.0,
                      label_histograms: bool = False,
                      require_all: bool = True) -> ClientDirectory:
     """Ask every connected node for its partition id, partition count and n_k (and, for the
     diagnostics alone, its label histogram), until all partitions 0..K-1 have answered
     (deployment nodes may connect late) or `timeout` passes; then, unless `require_all`,
-    go on with the partitions that answered."""
+    go on with the partitions that answered. A node that goes away after it is listed is
+    one that did not answer."""
+    grid = mailbox.grid
     deadline = time.monotonic() + timeout
     clients: dict[int, Client] = {}
     asked: set[int] = set()
@@ -68,7 +75,7 @@ def discover_clients(grid: Grid, timeout: float, poll: float = 2.0,
         new = [n for n in grid.get_node_ids() if n not in asked]
         asked.update(new)
         failed = {}
-        for node, answer in query_nodes(grid, new, max(deadline - time.monotonic(), 1.0),
+        for node, answer in query_nodes(mailbox, new, max(deadline - time.monotonic(), 1.0),
                                         label_histograms).items():
             if isinstance(answer, str):
                 failed[node] = answer
@@ -105,17 +112,20 @@ def discover_clients(grid: Grid, timeout: float, poll: float = 2.0,
     return ClientDirectory(list(clients.values()), num_partitions)
 
 
-def query_nodes(grid: Grid, nodes: list[int], timeout: float, label_histograms: bool = False
+def query_nodes(mailbox: Mailbox, nodes: list[int], timeout: float,
+                label_histograms: bool = False
                 ) -> dict[int, tuple[int, int, int, tuple[int, ...] | None] | str]:
     """node id -> (partition id, num-partitions, n_k, label histogram or None) for each node
-    that answered the query in time, or the reason its answer is unusable."""
+    that answered the query in time, or the reason its answer is unusable (its ClientApp
+    failed, or the reply is malformed). Nodes that did not answer are left out."""
     ask = RecordDict({"config": config_record(label_histogram=label_histograms)})
     msgs = [Message(ask, dst_node_id=n, message_type=QUERY_INFO) for n in nodes]
     answers: dict[int, tuple | str] = {}
-    for reply in (grid.send_and_receive(msgs, timeout=timeout) if msgs else []):
-        node = reply.metadata.src_node_id
+    for reply in (mailbox.send_and_receive(msgs, timeout=timeout) if msgs else []):
+        node = mailbox.node_of(reply)
         if reply.has_error():
-            answers[node] = reply.error.reason
+            if reply.error.code not in NO_ANSWER:
+                answers[node] = reply.error.reason
             continue
         info = reply.content.metric_records.get("info")
         try:
@@ -129,9 +139,10 @@ def query_nodes(grid: Grid, nodes: list[int], timeout: float, label_histograms: 
 
 
 class Mailbox:
-    """Grid.send_and_receive that keeps the ids of the messages a wait left unanswered, so a
-    reply that arrives after its round's wait ended is still seen, as late, when the next
-    round starts (and never used)."""
+    """Grid.send_and_receive that attributes each reply to the node it answers for and, for
+    a round, keeps the ids of the messages its wait left unanswered, so a reply that arrives
+    after its round's wait ended is still seen, as late, when the next round starts (and never
+    used)."""
 
     def __init__(self, grid: Grid, poll: float = 1.0):
         self.grid, self.poll = grid, poll
@@ -145,7 +156,7 @@ class Mailbox:
                                     reply.metadata.src_node_id)
 
     def send_and_receive(self, messages: list[Message], timeout: float,
-                         server_round: int) -> list[Message]:
+                         server_round: int | None = None) -> list[Message]:
         messages = list(messages)
         waiting = dict(zip(self.grid.push_messages(messages), (m.metadata.dst_node_id
                                                                  for m in messages)))
@@ -159,7 +170,8 @@ class Mailbox:
             if not waiting or time.monotonic() >= deadline:
                 break
             time.sleep(self.poll)
-        self.pending.update({mid: (node, server_round) for mid, node in waiting.items()})
+        if server_round is not None:
+            self.pending.update({mid: (node, server_round) for mid, node in waiting.items()})
         return replies
 
     def late_replies(self) -> list[tuple[int, int]]:
