@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedgo_flwr.data import minibatches, to_unit_range
-from fedgo_flwr.teachers import server_autocast, teacher_logits
+from fedgo_flwr.teachers import server_autocast
 from fedgo_flwr.train import descend, evaluate
 
 
@@ -41,27 +41,26 @@ def pseudo_labels(client_logits: torch.Tensor, weights: torch.Tensor,
     return ensemble_log_probs(client_logits, weights, space).exp()
 
 
-def view_pseudo_labels(nets: list[nn.Module], u: torch.Tensor, n_k: torch.Tensor, rule,
-                       log_odds_of_view, batches: list[torch.Tensor], *, views: int,
-                       device: torch.device, amp: bool = False,
+def view_pseudo_labels(scores_of_view, num_u: int, n_k: torch.Tensor, rule,
+                       batches: list[torch.Tensor], *, views: int,
                        space: str = "logits") -> torch.Tensor:
     """Pseudo-labels [V, |U|, C] of the views of U (0 as is, 1 mirrored) that the round's
     distillation `batches` meet (see draw_batches); the rest stay NaN. The teachers run once
-    per round on those images only, and `rule` weights them with log Phi_k of that view,
-    log_odds_of_view(v) [K, |U|]. With one pass over U each image meets one random view, so
-    labelling only what is met halves the work against labelling both views."""
-    met = torch.zeros(views * len(u), dtype=torch.bool)
+    per round on those images only: scores_of_view(v, samples) gives their logits [K, S, C]
+    and log Phi_k [K, S] on these samples of view v, which `rule` turns into weights. With one
+    pass over U each image meets one random view, so labelling only what is met halves the
+    work against labelling both views."""
+    met = torch.zeros(views * num_u, dtype=torch.bool)
     met[torch.cat(batches)] = True
     targets = None
-    for v, samples in enumerate(met.view(views, len(u))):
+    for v, samples in enumerate(met.view(views, num_u)):
         samples = samples.nonzero().squeeze(1)
         if len(samples) == 0:
             continue
-        logits = teacher_logits(nets, u[samples], device=device, flip=v == 1, amp=amp)
+        logits, log_odds = scores_of_view(v, samples)
         if targets is None:
-            targets = torch.full((views, len(u), logits.shape[-1]), float("nan"))
-        targets[v, samples] = pseudo_labels(
-            logits, rule(logits, log_odds_of_view(v)[:, samples], n_k), space)
+            targets = torch.full((views, num_u, logits.shape[-1]), float("nan"))
+        targets[v, samples] = pseudo_labels(logits, rule(logits, log_odds, n_k), space)
     return targets
 
 

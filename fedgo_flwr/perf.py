@@ -59,8 +59,9 @@ def cached_distill(student, u, nets, discriminators, n_k, rule: WeightRule, *, e
                                            for v in range(views)]) for d in discriminators])
     odds_s = time.perf_counter() - start
     start = time.perf_counter()
-    targets = view_pseudo_labels(nets, u, n_k, rule, lambda v: u_log_odds[:, v], batches,
-                                 views=views, device=device)
+    targets = view_pseudo_labels(
+        lambda v, s: (teacher_logits(nets, u[s], device=device, flip=v == 1),
+                      u_log_odds[:, v, s]), len(u), n_k, rule, batches, views=views)
     label_s = time.perf_counter() - start
     info = distill(student, u, targets, batches=batches, lr=lr, device=device)
     return {"odds_s": odds_s, "label_s": label_s, "distill_s": info["seconds"],

@@ -5,6 +5,7 @@ import pytest
 from fedgo_flwr.distill import (cosine_lr, distill, draw_batches, ensemble_log_probs,
                                 kl_to_targets, pseudo_labels, view_pseudo_labels)
 from fedgo_flwr.models import CNN
+from fedgo_flwr.teachers import teacher_logits
 from fedgo_flwr.weighting import odds_weights
 
 
@@ -88,8 +89,9 @@ def test_only_the_views_the_batches_meet_are_labelled_and_those_exactly():
     log_odds = torch.randn(2, 2, 12)  # [views, K, |U|]
 
     batches = draw_batches(12, 2, epochs=1, batch_size=5, seed=1)
-    targets = view_pseudo_labels(nets, u, n_k, odds_weights, lambda v: log_odds[v], batches,
-                                 views=2, device=torch.device("cpu"))
+    targets = view_pseudo_labels(
+        lambda v, s: (teacher_logits(nets, u[s], device=torch.device("cpu"), flip=v == 1),
+                      log_odds[v][:, s]), 12, n_k, odds_weights, batches, views=2)
     met = torch.cat(batches)
     labelled = ~targets.isnan().any(-1)
     assert labelled.sum() == 12  # one pass: one view per image, half of the work

@@ -291,7 +291,7 @@ def test_dafkd_averages_g_and_heads_by_n_k_and_weights_by_this_rounds_discrimina
 
     # Round 2: the weights use each client's own trunk and head of this round.
     pids = {1000 + 17 * i: i for i in range(4)}
-    models, logits = [], []
+    models, nets, logits, d_logits = [], [], [], []
     for r in answers[2:]:
         arrays = r.content.array_records
         pid = pids[r.metadata.src_node_id]
@@ -301,9 +301,14 @@ def test_dafkd_averages_g_and_heads_by_n_k_and_weights_by_this_rounds_discrimina
         head = discriminator_head(net.latent_dim)
         head.load_state_dict(arrays["discriminator-head"].to_torch_state_dict())
         x = strategy.setup.test_x[:20].float() / 127.5 - 1
+        nets.append(net)
         with torch.no_grad():
-            logits.append(head(net.features(x)).squeeze(1))
-    assert torch.allclose(strategy.test_log_odds(models)[:, :20], torch.stack(logits), atol=1e-5)
+            d_logits.append(head(net.features(x)).squeeze(1))
+            logits.append(net(x))
+    # One pass of each trunk gives the class logits and D_k's.
+    test_logits, log_odds = strategy.test_scores(models, nets)
+    assert torch.allclose(log_odds[:, :20], torch.stack(d_logits), atol=1e-5)
+    assert torch.allclose(test_logits[:, :20], torch.stack(logits), atol=1e-5)
     assert strategy.weighting is domain_aware_weights  # w_k = D_k / sum_i D_i
     last = record["rounds"][-1]
     assert last["ensemble_test_acc"] == last["diagnostics"]["logits"]["domain-aware"]["acc"]

@@ -40,6 +40,7 @@ from fedgo_flwr.strategies.clients import arrays_problem, client_seed, round_see
 from fedgo_flwr.strategies.ensemble import EnsembleDistillation
 from fedgo_flwr.strategies.local import Local, config_of, reply
 from fedgo_flwr.strategies.registry import StrategySpec
+from fedgo_flwr.teachers import server_autocast
 from fedgo_flwr.train import apply_in_batches, minibatch_descent
 from fedgo_flwr.weighting import domain_aware_weights
 
@@ -182,26 +183,34 @@ class DaFKD(EnsembleDistillation):
         parts = [ClientModel(m.partition_id, m.num_examples, m.extras[key], {}) for m in models]
         return weighted_average(parts, net.state_dict())
 
-    def discriminator_logits(self, models: list[ClientModel], x: torch.Tensor,
-                             flip: bool = False) -> torch.Tensor:
-        """logit D_k(x) (its log-odds) of each client's head on its own latent layer, [K, N]."""
-        rows, dev = [], self.setup.device
-        for m in models:
-            net = self.setup.new_classifier()
-            net.load_state_dict(m.state)
+    def scores(self, models: list[ClientModel], nets: list[nn.Module], x: torch.Tensor,
+               flip: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each client's class logits [K, N, C] and discriminator logits, logit D_k(x) (its
+        log-odds) [K, N], from one pass of its trunk: D_k is a head on its own latent layer."""
+        logits, log_odds, dev = [], [], self.setup.device
+        for m, net in zip(models, nets):
             head = discriminator_head(net.latent_dim)
             head.load_state_dict(self.heads[m.partition_id])
             net.to(dev).eval()
             head.to(dev)
-            rows.append(apply_in_batches(lambda xb: head(net.features(xb)).squeeze(1), x,
-                                         device=dev, flip=flip))
-        return torch.stack(rows)
+            with server_autocast(dev, self.setup.amp):
+                out = apply_in_batches(lambda xb: both_heads(net, head, xb), x, device=dev,
+                                       flip=flip)
+            logits.append(out[:, :-1])
+            log_odds.append(out[:, -1])
+        return torch.stack(logits), torch.stack(log_odds)
 
-    def u_log_odds(self, models: list[ClientModel], view: int) -> torch.Tensor:
-        return self.discriminator_logits(models, self.u, flip=view == 1)
+    def view_scores(self, models, nets, view, samples):
+        return self.scores(models, nets, self.u[samples], flip=view == 1)
 
-    def test_log_odds(self, models: list[ClientModel]) -> torch.Tensor:
-        return self.discriminator_logits(models, self.setup.test_x)
+    def test_scores(self, models, nets):
+        return self.scores(models, nets, self.setup.test_x)
+
+
+def both_heads(net: nn.Module, head: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """[f(x); logit D(x)] of a classifier and its discriminator head, [N, C + 1]."""
+    z = net.features(x)
+    return torch.cat([net.head(z), head(z)], dim=1)
 
 
 # ---------------------------------------------------------------------------- client side

@@ -46,6 +46,21 @@ class EnsembleDistillation(FedAvgStrategy):
     def test_log_odds(self, models: list[ClientModel]) -> torch.Tensor:
         return torch.zeros(len(models), len(self.setup.test_y))
 
+    def view_scores(self, models: list[ClientModel], nets: list[torch.nn.Module], view: int,
+                    samples: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The teachers' logits [K, S, C] and log Phi_k [K, S] on these samples of view
+        `view` of U."""
+        logits = teacher_logits(nets, self.u[samples], device=self.setup.device,
+                                flip=view == 1, amp=self.setup.amp)
+        return logits, self.u_log_odds(models, view)[:, samples]
+
+    def test_scores(self, models: list[ClientModel], nets: list[torch.nn.Module]
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The teachers' logits [K, N, C] and log Phi_k [K, N] on the test split."""
+        logits = teacher_logits(nets, self.setup.test_x, device=self.setup.device,
+                                amp=self.setup.amp)
+        return logits, self.test_log_odds(models)
+
     def teachers(self, models: list[ClientModel]) -> list[ClientModel]:
         """The round's models the ensemble weights (FedGO: those with a discriminator)."""
         return models
@@ -82,7 +97,7 @@ class EnsembleDistillation(FedAvgStrategy):
     # --- the shared round
     def server_update(self, server_round: int, averaged: dict[str, torch.Tensor],
                       models: list[ClientModel]) -> dict[str, torch.Tensor]:
-        dev, u, cfg = self.setup.device, self.u, self.cfg
+        u, cfg = self.u, self.cfg
         entry = self.record.round(server_round)
         models = self.teachers(models)
         if not models:
@@ -101,16 +116,15 @@ class EnsembleDistillation(FedAvgStrategy):
         if batches:
             start = time.perf_counter()
             targets = view_pseudo_labels(  # once per round, not once per epoch
-                nets, u, n_k, self.weighting, lambda v: self.u_log_odds(models, v), batches,
-                views=self.views, device=dev, amp=self.setup.amp, space=cfg.ensemble_space)
+                lambda v, samples: self.view_scores(models, nets, v, samples), len(u), n_k,
+                self.weighting, batches, views=self.views, space=cfg.ensemble_space)
             self.record.time("pseudo_labelling", time.perf_counter() - start, server_round)
             info = self.distill_student(server_round, student, targets, batches)
             self.record.time("distillation", info.pop("seconds"), server_round)
             entry.update(info)
 
         start = time.perf_counter()
-        test_logits = teacher_logits(nets, self.setup.test_x, device=dev, amp=self.setup.amp)
-        log_odds = self.test_log_odds(models)
+        test_logits, log_odds = self.test_scores(models, nets)
         weights = self.weighting(test_logits, log_odds, n_k)
         acc, loss = accuracy_and_loss(ensemble_log_probs(test_logits, weights, cfg.ensemble_space),
                                       self.setup.test_y)
