@@ -2,7 +2,7 @@
 
     python -m fedgo_flwr.report RESULTS_DIR [RESULTS_DIR ...] [--plot FILE.png]
                                 [--metric server_test_acc] [--by strategy] [--diagnostics]
-                                [--communication] [--gap]
+                                [--communication] [--gap] [--update README.md]
 
 prints, per (strategy, weighting, alpha), the mean and std over seeds of the last round's
 server and ensemble test accuracy, of the server accuracy averaged over the last three
@@ -12,7 +12,9 @@ line per value of `--by` (a config key) with a band of one std over seeds; --dia
 prints, per record, every rule's ensemble accuracy on the same client models round by round;
 --communication prints the bytes each strategy sent (pre-FL, per round, whole run) and its
 clients' compute seconds per round; --gap, per alpha, how much of the gap between the odds and
-the label oracle each option beyond the paper closes (FedGO records' diagnostics).
+the label oracle each option beyond the paper closes (FedGO records' diagnostics); --update
+FILE rewrites, in a Markdown file, each of these tables (summary, per-seed differences, gap,
+communication) found there by its header, from the records.
 """
 
 from __future__ import annotations
@@ -270,6 +272,30 @@ def communication_table(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def update_tables(path: Path, records: list[dict]) -> list[str]:
+    """Replace each table of `path` whose header row starts like one of the report's tables
+    (summary, per-seed differences, gap, communication) with that table made from `records`;
+    the rest of the file is kept as it is. Returns the headers of the tables replaced."""
+    makers = {" strategy | alpha | seeds ": summary_table,
+              " alpha | seed | fedgo (%) ": seed_differences,
+              " alpha | seeds | odds ": gap_table,
+              " strategy | rounds | pre-FL down ": communication_table}
+    key = lambda line: "|".join(line.split("|")[1:4])  # noqa: E731 - its first three cells
+    out, replaced, lines, i = [], [], path.read_text().split("\n"), 0
+    while i < len(lines):
+        make = makers.get(key(lines[i])) if lines[i].startswith("|") else None
+        if make is None:
+            out.append(lines[i])
+            i += 1
+            continue
+        out += make(records).split("\n")
+        replaced.append(lines[i])
+        while i < len(lines) and lines[i].startswith("|"):
+            i += 1
+    path.write_text("\n".join(out))
+    return replaced
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description="tables and plots from run records")
     parser.add_argument("dirs", nargs="+", type=Path)
@@ -283,6 +309,8 @@ def main(argv: list[str]) -> int:
                         help="bytes each way (pre-FL, per round, whole run) and client seconds")
     parser.add_argument("--gap", action="store_true",
                         help="share of the odds-to-oracle gap each option beyond the paper closes")
+    parser.add_argument("--update", type=Path, metavar="FILE.md",
+                        help="rewrite these tables where FILE.md has them (found by header)")
     args = parser.parse_args(argv)
     records = load_records(*args.dirs)
     if not records:
@@ -298,6 +326,10 @@ def main(argv: list[str]) -> int:
         return 0
     if args.gap:
         print(gap_table(records))
+        return 0
+    if args.update:
+        replaced = update_tables(args.update, records)
+        print(f"{args.update}: {len(replaced)} tables rewritten from {len(records)} records")
         return 0
     print(summary_table(records))
     if args.plot:

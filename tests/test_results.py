@@ -95,3 +95,15 @@ def test_gap_table_gives_the_share_of_the_odds_to_oracle_gap_each_option_closes(
     # odds 60 %, oracle 100 %: beta 4 at 70 % closes a quarter of the 40-point gap
     assert lines[2] == ("| 0.1 | 0 | 60.0 | 70.0 (+25 % of gap) | 60.0 (+0 % of gap) | "
                         "80.0 (+50 % of gap) | 60.0 (+0 % of gap) | 100.0 |")
+
+
+def test_update_rewrites_the_report_tables_in_place_and_keeps_the_rest(tmp_path):
+    from fedgo_flwr.report import update_tables
+    recs = [curve("fedgo", 0, [0.1, 0.70]), curve("fedavg", 0, [0.1, 0.65])]
+    readme = tmp_path / "README.md"
+    readme.write_text("# title\n\n| alpha | seed | fedgo (%) | fedgo − feddf |\n|---|---|---|---|\n"
+                      "| 0.1 | 0 | 1.0 | +9.9 |\n\ntext after\n\n| a | b | c |\n|---|---|---|\n")
+    assert update_tables(readme, recs) == ["| alpha | seed | fedgo (%) | fedgo − feddf |"]
+    assert readme.read_text() == (
+        "# title\n\n| alpha | seed | fedgo (%) | fedgo − fedavg |\n|---|---|---|---|\n"
+        "| 0.1 | 0 | 70.0 | +5.0 |\n\ntext after\n\n| a | b | c |\n|---|---|---|\n")
