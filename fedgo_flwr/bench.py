@@ -19,8 +19,11 @@ Every cell x alpha x seed is one `flwr run` through the local SuperLink and Ray,
 <out>/logs/. Every cell's config is validated before anything runs. A cell whose record
 exists with the same config is not run again, so an interrupted plan resumes (keys added to
 the app since, at their defaults, count as the same); a record made with another config stops
-the plan rather than mixing results. With --max-minutes no run
-starts once that many minutes have passed, so a long plan advances in chunks. At the end
+the plan rather than mixing results. With --max-minutes M a long plan advances in chunks:
+no run starts after M minutes, nor a run expected to end after them (expected: the longest
+wall time among the plan's finished records of the same cell, plus a minute to start; a cell
+with none yet starts whenever time is left), which waits for the next invocation while
+shorter runs after it go ahead. At the end
 <out>/table.md and one plot per alpha and metric are written from the records there.
 """
 
@@ -51,6 +54,7 @@ PLAN_KEYS = ("name", "preset", "config", "federation", "alphas", "seeds", "cells
 PLACEMENT_KEYS = ("results-dir", "run-name")
 PROGRESS = re.compile(r"(round \d+ \||pre-FL: (generator step \d+0/|sending|odds)|ERROR|rejected)")
 PLOT_METRICS = ("server_test_acc", "ensemble_test_acc")
+START_SECONDS = 60  # a `flwr run` beyond its record's wall time: SuperLink, Ray, the FAB
 
 
 class PlanError(ValueError):
@@ -156,6 +160,24 @@ def flwr_command() -> str:
     return str(local) if local.exists() else "flwr"
 
 
+def kind(run_name: str) -> str:
+    """The cell a run belongs to, whatever its alpha and seed: fedgo-a0.1-s2 -> fedgo."""
+    return re.sub(r"(-a[0-9.e-]+)?-s\d+$", "", run_name)
+
+
+def expected_seconds(cells: list[Cell], out: Path) -> dict[str, float]:
+    """Per cell kind, the longest wall time among its finished records, plus the start."""
+    walls: dict[str, float] = {}
+    for cell in cells:
+        path = out / cell.run_name / "record.json"
+        if not path.exists():
+            continue
+        wall = json.loads(path.read_text()).get("timings", {}).get("wall")
+        if wall:
+            walls[kind(cell.run_name)] = max(walls.get(kind(cell.run_name), 0.0), wall)
+    return {k: w + START_SECONDS for k, w in walls.items()}
+
+
 def run_cell(cell: Cell, federation: dict, out: Path, tag: str) -> None:
     """One real `flwr run`, its progress lines echoed, its status checked."""
     logs = out / "logs"
@@ -217,7 +239,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--out", type=Path, help="default: results/bench/<plan name>")
     parser.add_argument("--dry-run", action="store_true", help="list the cells and stop")
     parser.add_argument("--max-minutes", type=float, default=None,
-                        help="start no run after this many minutes (the plan resumes later)")
+                        help="start no run after this many minutes, nor one expected to end "
+                        "after them (the plan resumes later)")
     args = parser.parse_args(argv)
     try:
         plan = load_plan(args.plan)
@@ -233,22 +256,34 @@ def main(argv: list[str]) -> int:
         for c in cells:
             print(f"  {'done' if c not in todo else 'todo'}  {c.run_name}")
         return 0
-    start = time.perf_counter()
+    start, budget = time.perf_counter(), 60 * (args.max_minutes or float("inf"))
+    expected, ran, deferred = expected_seconds(cells, out), 0, []
     for i, cell in enumerate(todo, 1):
-        if args.max_minutes is not None and time.perf_counter() - start > 60 * args.max_minutes:
-            print(f"[bench] {args.max_minutes:g} min passed: {len(todo) - i + 1} run(s) left "
-                  "for the next invocation", flush=True)
+        left = budget - (time.perf_counter() - start)
+        if left <= 0:
+            print(f"[bench] {args.max_minutes:g} min passed: {len(todo) - i + 1 + len(deferred)} "
+                  "run(s) left for the next invocation", flush=True)
             break
         tag = f"[bench {i}/{len(todo)} {cell.run_name}]"
+        if expected.get(kind(cell.run_name), 0) > left:
+            print(f"{tag} deferred: expected {expected[kind(cell.run_name)] / 60:.0f} min, "
+                  f"{left / 60:.0f} min left", flush=True)
+            deferred.append(cell)
+            continue
         print(f"{tag} started", flush=True)
         cell_start = time.perf_counter()
         if cell.central is not None:
             train_central(cell.central, cell.run_config["central-epochs"], out)
         else:
             run_cell(cell, plan["federation"], out, tag)
-        per_cell = (time.perf_counter() - start) / i
+        ran += 1
+        per_cell = (time.perf_counter() - start) / ran
         print(f"{tag} finished in {time.perf_counter() - cell_start:.0f} s; about "
-              f"{per_cell * (len(todo) - i) / 60:.0f} min left", flush=True)
+              f"{per_cell * (len(todo) - i + len(deferred)) / 60:.0f} min left", flush=True)
+    else:
+        if deferred:
+            print(f"[bench] {len(deferred)} run(s) deferred to the next invocation: "
+                  f"{', '.join(c.run_name for c in deferred)}", flush=True)
     table = write_report(out, plan["alphas"])
     print(f"\n{table}\n\n[bench] table and plots in {out}")
     return 0

@@ -93,6 +93,32 @@ def test_max_minutes_starts_no_run_after_the_budget(tmp_path, monkeypatch, capsy
     assert "2 run(s) left for the next invocation" in capsys.readouterr().out
 
 
+def test_a_run_expected_to_overrun_the_budget_waits_and_shorter_ones_go_ahead(
+        tmp_path, monkeypatch, capsys):
+    from fedgo_flwr import bench
+    from fedgo_flwr.bench import expected_seconds, kind
+    assert [kind(n) for n in ("fedgo-a0.1-s2", "feddf-published-a0.05-s0", "central-s1")] == \
+        ["fedgo", "feddf-published", "central"]
+    started = []
+    monkeypatch.setattr(bench, "run_cell", lambda cell, *_: started.append(cell.run_name))
+    out = tmp_path / "out"
+    plan = write_plan(tmp_path, cells=["fedavg", "fedgo"], alphas=[0.1], seeds=[0, 1])
+    cells = cells_of(load_plan(plan), out)
+    for name, wall in (("fedavg-a0.1-s0", 300.0), ("fedgo-a0.1-s0", 1500.0)):
+        (out / name).mkdir(parents=True)
+        cell = next(c for c in cells if c.run_name == name)
+        (out / name / "record.json").write_text(json.dumps(
+            {"config": cell.run_config, "timings": {"wall": wall},
+             "rounds": [{"round": t, "server_test_acc": 0.1 * (t + 1)} for t in range(2)]}))
+    assert expected_seconds(cells, out) == {"fedavg": 360.0, "fedgo": 1560.0}
+    # 10 minutes: FedAvg's 6 fit, FedGO's 26 do not.
+    assert main([str(plan), "--out", str(out), "--max-minutes", "10"]) == 0
+    assert started == ["fedavg-a0.1-s1"]
+    printed = capsys.readouterr().out
+    assert "[bench 2/2 fedgo-a0.1-s1] deferred: expected 26 min, 10 min left" in printed
+    assert "1 run(s) deferred to the next invocation: fedgo-a0.1-s1" in printed
+
+
 def test_central_reference_one_run_per_seed_in_every_alphas_table(tiny_config, tmp_path):
     from fedgo_flwr.central import train_central
     from fedgo_flwr.report import summary_table
