@@ -76,22 +76,22 @@ def test_checkpoints_are_pruned_and_resume_from_takes_a_run_folder(tiny_config):
         checkpoint.find(none.results_path / "none")
 
 
-class FlakyGrid(InProcessGrid):
-    """Partition 3's node is offline at the start and connects during round 1; partition 1's
-    node goes offline when round 2 starts and comes back (answering round 2 late) during
-    round 3."""
+class ScriptedGrid(InProcessGrid):
+    """Calls before[t](grid) and after[t](grid) around pushing round t's train messages."""
+
+    def __init__(self, *args, before=None, after=None):
+        super().__init__(*args)
+        self.before, self.after = before or {}, after or {}
 
     def push_messages(self, messages):
         messages = list(messages)
         rounds = {int(m.content.config_records["config"]["server-round"]) for m in messages
                   if m.metadata.message_type == "train"}
-        if 2 in rounds:
-            self.offline.add(self.node(1))
+        for t in rounds & set(self.before):
+            self.before[t](self)
         ids = super().push_messages(messages)
-        if 1 in rounds:
-            self.back_online(self.node(3))
-        if 3 in rounds:
-            self.back_online(self.node(1))
+        for t in rounds & set(self.after):
+            self.after[t](self)
         return ids
 
     def node(self, partition: int) -> int:
@@ -101,7 +101,12 @@ class FlakyGrid(InProcessGrid):
 def test_a_missing_node_is_named_dropped_after_a_missed_round_and_rejoins(tiny_config):
     cfg = tiny_config.replace(strategy="fedgo", num_server_rounds=4, fraction_train=1.0,
                               join_timeout=1.0, round_timeout=1.0)
-    grid = FlakyGrid(client_module.app, cfg.to_run_config(), 4)
+    # Partition 3's node is offline at the start and connects during round 1; partition 1's
+    # goes offline when round 2 starts and comes back (answering round 2 late) in round 3.
+    grid = ScriptedGrid(client_module.app, cfg.to_run_config(), 4,
+                        before={2: lambda g: g.offline.add(g.node(1))},
+                        after={1: lambda g: g.back_online(g.node(3)),
+                               3: lambda g: g.back_online(g.node(1))})
     grid.offline.add(grid.node(3))
     record, _, _ = _run(cfg, grid=grid)
     assert record["clients"]["missing_at_start"] == [3]
@@ -119,24 +124,15 @@ def test_a_missing_node_is_named_dropped_after_a_missed_round_and_rejoins(tiny_c
     assert rounds[4]["ensemble_test_acc"] > 0
 
 
-class LosingGrid(FlakyGrid):
-    """Partition 1's node is lost when round 2 starts: still listed, the SuperLink answers its
-    messages with "Node Unavailable" from its own node id."""
-
-    def push_messages(self, messages):
-        messages = list(messages)
-        if any(m.metadata.message_type == "train" and
-               m.content.config_records["config"]["server-round"] == 2 for m in messages):
-            self.lost.add(self.node(1))
-        return InProcessGrid.push_messages(self, messages)
-
-
 def test_a_node_lost_after_it_is_listed_is_one_that_did_not_answer(tiny_config):
     # Partition 2's node is listed but gone when discovery queries it: discovery goes on
     # without it (it is not a node that failed to load its partition).
     cfg = tiny_config.replace(strategy="fedgo", num_server_rounds=3, fraction_train=1.0,
                               join_timeout=1.0, round_timeout=1.0)
-    grid = LosingGrid(client_module.app, cfg.to_run_config(), 4)
+    # Partition 1's node is lost when round 2 starts: still listed, the SuperLink answers
+    # its messages with "Node Unavailable" from its own node id.
+    grid = ScriptedGrid(client_module.app, cfg.to_run_config(), 4,
+                        before={2: lambda g: g.lost.add(g.node(1))})
     grid.lost.add(grid.node(2))
     record, _, _ = _run(cfg, grid=grid)
     assert record["clients"]["missing_at_start"] == [2]
@@ -150,7 +146,7 @@ def test_a_node_lost_after_it_is_listed_is_one_that_did_not_answer(tiny_config):
 
 def test_require_all_clients_fails_fast_naming_the_missing_partition(tiny_config):
     cfg = tiny_config.replace(strategy="fedavg", join_timeout=1.0, require_all_clients=True)
-    grid = FlakyGrid(client_module.app, cfg.to_run_config(), 4)
+    grid = ScriptedGrid(client_module.app, cfg.to_run_config(), 4)
     grid.offline.add(grid.node(2))
     with pytest.raises(TimeoutError, match=r"partitions \[2\] of 4 did not answer within 1s"):
         run(grid, cfg)
