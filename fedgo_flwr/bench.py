@@ -20,8 +20,8 @@ Every cell x alpha x seed is one `flwr run` through the local SuperLink and Ray,
 exists with the same config is not run again, so an interrupted plan resumes (keys added to
 the app since, at their defaults, count as the same); a record made with another config stops
 the plan rather than mixing results. With --max-minutes M a long plan advances in chunks:
-no run starts after M minutes, nor a run expected to end after them (expected: the longest
-wall time among the plan's finished records of the same cell, plus a minute to start; a cell
+no run starts after M minutes, nor a run expected to end after them (expected: the wall time
+of the latest of the plan's finished records of the same cell, plus a minute to start; a cell
 with none yet starts whenever time is left), which waits for the next invocation while
 shorter runs after it go ahead. At the end
 <out>/table.md and one plot per alpha and metric are written from the records there.
@@ -166,16 +166,18 @@ def kind(run_name: str) -> str:
 
 
 def expected_seconds(cells: list[Cell], out: Path) -> dict[str, float]:
-    """Per cell kind, the longest wall time among its finished records, plus the start."""
-    walls: dict[str, float] = {}
+    """Per cell kind, the wall time of its latest finished record (the code as it is now, as
+    near as the records know), plus the start."""
+    latest: dict[str, tuple[str, float]] = {}
     for cell in cells:
         path = out / cell.run_name / "record.json"
         if not path.exists():
             continue
-        wall = json.loads(path.read_text()).get("timings", {}).get("wall")
-        if wall:
-            walls[kind(cell.run_name)] = max(walls.get(kind(cell.run_name), 0.0), wall)
-    return {k: w + START_SECONDS for k, w in walls.items()}
+        record = json.loads(path.read_text())
+        made, wall = record.get("started_at", ""), record.get("timings", {}).get("wall")
+        if wall and made >= latest.get(kind(cell.run_name), ("", 0.0))[0]:
+            latest[kind(cell.run_name)] = (made, wall)
+    return {k: wall + START_SECONDS for k, (_, wall) in latest.items()}
 
 
 def run_cell(cell: Cell, federation: dict, out: Path, tag: str) -> None:

@@ -104,13 +104,17 @@ def test_a_run_expected_to_overrun_the_budget_waits_and_shorter_ones_go_ahead(
     out = tmp_path / "out"
     plan = write_plan(tmp_path, cells=["fedavg", "fedgo"], alphas=[0.1], seeds=[0, 1])
     cells = cells_of(load_plan(plan), out)
-    for name, wall in (("fedavg-a0.1-s0", 300.0), ("fedgo-a0.1-s0", 1500.0)):
+    for name, wall, made in (("fedavg-a0.1-s0", 300.0, "2026-11-23T10:00:00+00:00"),
+                             ("fedgo-a0.1-s0", 1500.0, "2026-11-23T10:00:00+00:00"),
+                             ("fedavg-a0.1-s1", 900.0, "2026-11-22T10:00:00+00:00")):
         (out / name).mkdir(parents=True)
         cell = next(c for c in cells if c.run_name == name)
         (out / name / "record.json").write_text(json.dumps(
-            {"config": cell.run_config, "timings": {"wall": wall},
+            {"config": cell.run_config, "timings": {"wall": wall}, "started_at": made,
              "rounds": [{"round": t, "server_test_acc": 0.1 * (t + 1)} for t in range(2)]}))
+    # The latest record of each cell, not the slowest: FedAvg's 900 s run came first.
     assert expected_seconds(cells, out) == {"fedavg": 360.0, "fedgo": 1560.0}
+    (out / "fedavg-a0.1-s1" / "record.json").unlink()
     # 10 minutes: FedAvg's 6 fit, FedGO's 26 do not.
     assert main([str(plan), "--out", str(out), "--max-minutes", "10"]) == 0
     assert started == ["fedavg-a0.1-s1"]
