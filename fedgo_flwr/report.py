@@ -126,16 +126,19 @@ def summary_table(records: list[dict]) -> str:
 
 
 def seed_differences(records: list[dict], of: str = "fedgo",
-                     metric: str = "server_test_acc") -> str:
-    """Per alpha and seed, the last-round `metric` of `of` minus that of every other strategy
-    (points), so a lead or deficit is seen seed by seed, not only in the means."""
+                     metric: str = "server_test_acc", last: int = 1) -> str:
+    """Per alpha and seed, `metric` of `of` minus that of every other strategy (points), in
+    the last round or averaged over the `last` rounds, so a lead or deficit is seen seed by
+    seed, not only in the means."""
     cells: dict[tuple, dict[str, float]] = defaultdict(dict)
     for alpha, recs in by_alpha(records).items():
         for rec in recs:
             if rec["config"]["strategy"] != CENTRAL:
-                cells[(alpha, rec["config"]["seed"])][label(rec)] = rec["rounds"][-1][metric]
+                cells[(alpha, rec["config"]["seed"])][label(rec)] = statistics.mean(
+                    r[metric] for r in rec["rounds"][-last:])
     others = sorted({name for row in cells.values() for name in row} - {of})
-    lines = [f"| alpha | seed | {of} (%) | " + " | ".join(f"{of} − {o}" for o in others) + " |",
+    what = f"{of} (%)" if last == 1 else f"{of}, mean of last {last} (%)"
+    lines = [f"| alpha | seed | {what} | " + " | ".join(f"{of} − {o}" for o in others) + " |",
              "|" + "---|" * (3 + len(others))]
     for (alpha, seed), row in sorted(cells.items(), key=lambda kv: (-kv[0][0], kv[0][1])):
         if of not in row:
@@ -274,10 +277,12 @@ def communication_table(records: list[dict]) -> str:
 
 def update_tables(path: Path, records: list[dict]) -> list[str]:
     """Replace each table of `path` whose header row starts like one of the report's tables
-    (summary, per-seed differences, gap, communication) with that table made from `records`;
+    (summary, per-seed differences in the last round and over the last 3, gap, communication)
+    with that table made from `records`;
     the rest of the file is kept as it is. Returns the headers of the tables replaced."""
     makers = {" strategy | alpha | seeds ": summary_table,
               " alpha | seed | fedgo (%) ": seed_differences,
+              " alpha | seed | fedgo, mean of last 3 (%) ": lambda r: seed_differences(r, last=3),
               " alpha | seeds | odds ": gap_table,
               " strategy | rounds | pre-FL down ": communication_table}
     key = lambda line: "|".join(line.split("|")[1:4])  # noqa: E731 - its first three cells

@@ -78,6 +78,9 @@ def test_seed_differences_compare_fedgo_with_each_row_seed_by_seed():
     assert lines[0] == "| alpha | seed | fedgo (%) | fedgo − fedavg | fedgo − feddf |"
     assert lines[2] == "| 0.1 | 0 | 70.0 | +5.0 | - |"
     assert lines[3] == "| 0.1 | 1 | 60.0 | -2.0 | +2.0 |"
+    lines = seed_differences(recs, last=2).splitlines()  # means of the last two rounds
+    assert lines[0] == "| alpha | seed | fedgo, mean of last 2 (%) | fedgo − fedavg | fedgo − feddf |"
+    assert lines[3] == "| 0.1 | 1 | 35.0 | -1.0 | +1.0 |"
 
 
 def test_gap_table_gives_the_share_of_the_odds_to_oracle_gap_each_option_closes():
