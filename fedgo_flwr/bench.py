@@ -267,9 +267,10 @@ def main(argv: list[str]) -> int:
                   "run(s) left for the next invocation", flush=True)
             break
         tag = f"[bench {i}/{len(todo)} {cell.run_name}]"
-        if expected.get(kind(cell.run_name), 0) > left:
-            print(f"{tag} deferred: expected {expected[kind(cell.run_name)] / 60:.0f} min, "
-                  f"{left / 60:.0f} min left", flush=True)
+        need = expected.get(kind(cell.run_name), 0.0)
+        if need > left:
+            print(f"{tag} deferred: expected {need / 60:.0f} min, {left / 60:.0f} min left",
+                  flush=True)
             deferred.append(cell)
             continue
         print(f"{tag} started", flush=True)

@@ -278,8 +278,8 @@ def communication_table(records: list[dict]) -> str:
 def update_tables(path: Path, records: list[dict]) -> list[str]:
     """Replace each table of `path` whose header row starts like one of the report's tables
     (summary, per-seed differences in the last round and over the last 3, gap, communication)
-    with that table made from `records`;
-    the rest of the file is kept as it is. Returns the headers of the tables replaced."""
+    with that table made from `records`; the rest of the file is kept as it is. Returns the
+    headers of the tables replaced."""
     makers = {" strategy | alpha | seeds ": summary_table,
               " alpha | seed | fedgo (%) ": seed_differences,
               " alpha | seed | fedgo, mean of last 3 (%) ": lambda r: seed_differences(r, last=3),

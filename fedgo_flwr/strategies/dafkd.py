@@ -200,10 +200,12 @@ class DaFKD(EnsembleDistillation):
             log_odds.append(out[:, -1])
         return torch.stack(logits), torch.stack(log_odds)
 
-    def view_scores(self, models, nets, view, samples):
+    def view_scores(self, models: list[ClientModel], nets: list[nn.Module], view: int,
+                    samples: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.scores(models, nets, self.u[samples], flip=view == 1)
 
-    def test_scores(self, models, nets):
+    def test_scores(self, models: list[ClientModel], nets: list[nn.Module]
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
         return self.scores(models, nets, self.setup.test_x)
 
 
