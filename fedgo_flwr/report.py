@@ -276,19 +276,18 @@ def communication_table(records: list[dict]) -> str:
 
 
 def update_tables(path: Path, records: list[dict]) -> list[str]:
-    """Replace each table of `path` whose header row starts like one of the report's tables
-    (summary, per-seed differences in the last round and over the last 3, gap, communication)
-    with that table made from `records`; the rest of the file is kept as it is. Returns the
-    headers of the tables replaced."""
-    makers = {" strategy | alpha | seeds ": summary_table,
-              " alpha | seed | fedgo (%) ": seed_differences,
-              " alpha | seed | fedgo, mean of last 3 (%) ": lambda r: seed_differences(r, last=3),
-              " alpha | seeds | odds ": gap_table,
-              " strategy | rounds | pre-FL down ": communication_table}
+    """Replace each table of `path` whose header row begins (first three cells) like one of
+    the report's tables (summary, per-seed differences in the last round and over the last 3,
+    gap, communication) with that table made from `records`; the rest of the file is kept as
+    it is. Returns the headers of the tables replaced."""
     key = lambda line: "|".join(line.split("|")[1:4])  # noqa: E731 - its first three cells
+    makers = (summary_table, seed_differences, lambda recs: seed_differences(recs, last=3),
+              gap_table, communication_table)
+    # a table's first three header cells do not depend on the records: ask each for its own
+    by_header = {key(make([]).split("\n")[0]): make for make in makers}
     out, replaced, lines, i = [], [], path.read_text().split("\n"), 0
     while i < len(lines):
-        make = makers.get(key(lines[i])) if lines[i].startswith("|") else None
+        make = by_header.get(key(lines[i])) if lines[i].startswith("|") else None
         if make is None:
             out.append(lines[i])
             i += 1

@@ -110,3 +110,15 @@ def test_update_rewrites_the_report_tables_in_place_and_keeps_the_rest(tmp_path)
     assert readme.read_text() == (
         "# title\n\n| alpha | seed | fedgo (%) | fedgo − fedavg |\n|---|---|---|---|\n"
         "| 0.1 | 0 | 70.0 | +5.0 |\n\ntext after\n\n| a | b | c |\n|---|---|---|\n")
+    # every report table is found by its own header: made from other records, all five are redone
+    from fedgo_flwr.report import communication_table, gap_table, seed_differences, summary_table
+    for rec in recs:  # what the communication table reads
+        rec["bytes"] = {"pre_fl_down": 0}
+        for r in rec["rounds"]:
+            r["bytes"] = {"down": 0}
+    stale = [curve("fedgo", 1, [0.1, 0.30])]
+    tables = [summary_table(stale), seed_differences(stale), seed_differences(stale, last=3),
+              gap_table(stale), communication_table([])]
+    readme.write_text("\n\n".join(tables) + "\n")
+    assert len(update_tables(readme, recs)) == 5
+    assert "| fedgo | 0.1 | 0 |" in readme.read_text() and "30.0" not in readme.read_text()

@@ -147,7 +147,7 @@ class Mailbox:
     def __init__(self, grid: Grid, poll: float = 1.0):
         self.grid, self.poll = grid, poll
         self.pending: dict[str, tuple[int, int]] = {}  # message id -> (node id, round)
-        self.destination: dict[str, int] = {}  # message id -> the node it went to
+        self.destination: dict[str, int] = {}  # message id -> node, of the last wait's messages
 
     def node_of(self, reply: Message) -> int:
         """The node a reply answers for: an error reply the SuperLink makes for a node that
@@ -160,7 +160,7 @@ class Mailbox:
         messages = list(messages)
         waiting = dict(zip(self.grid.push_messages(messages), (m.metadata.dst_node_id
                                                                  for m in messages)))
-        self.destination.update(waiting)
+        self.destination = dict(waiting)  # its replies are attributed before the next wait
         deadline, replies = time.monotonic() + timeout, []
         while waiting:
             got = list(self.grid.pull_messages(list(waiting)))
