@@ -159,20 +159,24 @@ DIAGNOSTIC_COLUMNS = (
 
 
 def diagnostics_table(record: dict) -> str:
-    """Per round: the ensemble test accuracy (%) of that round's client models under every
-    rule (from the record's diagnostics), the mean weight the run's own rule and uniform
+    """Per round: the server model's test accuracy (%), the averaged model's before it was
+    distilled (when recorded), the ensemble test accuracy of that round's client models under
+    every rule (from the record's diagnostics), the mean weight the run's own rule and uniform
     weighting give the client the oracle favours, and the share of Phi near its cap e."""
     rounds = [r for r in record["rounds"] if "diagnostics" in r]
     if not rounds:
         return "(no diagnostics in this record: run it with diagnostics = true)"
     columns = [c for c in DIAGNOSTIC_COLUMNS if c[2] in rounds[0]["diagnostics"][c[1]]]
-    head = ["round", "server"] + [h for h, _, _ in columns] + ["w(oracle client): own / uniform",
-                                                               "Phi near e"]
+    averaged = "averaged" in rounds[0]["diagnostics"]  # absent from older records
+    head = (["round", "server"] + ["averaged (before distillation)"] * averaged
+            + [h for h, _, _ in columns] + ["w(oracle client): own / uniform", "Phi near e"])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rounds:
         d = r["diagnostics"]
         w = d.get("weight_on_oracle_client", {})
         cells = [str(r["round"]), f"{100 * r['server_test_acc']:.1f}"]
+        if averaged:
+            cells.append(f"{100 * d['averaged']['acc']:.1f}")
         cells += [f"{100 * d[space][rule]['acc']:.1f}" for _, space, rule in columns]
         cells.append(f"{w['active']:.2f} / {w['uniform']:.2f}" if w else "-")
         cells.append(f"{100 * d['phi']['share_near_cap']:.0f} %" if "phi" in d else "-")

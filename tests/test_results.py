@@ -67,6 +67,10 @@ def test_diagnostics_table_has_a_row_per_round_and_a_column_per_rule():
                         "w(oracle client): own / uniform | Phi near e |")
     assert lines[2] == "| 1 | 50.0 | 41.0 | 47.4 | 65.5 | 94.8 | 0.30 / 0.12 | 25 % |"
     assert "no diagnostics" in diagnostics_table({"rounds": [{"round": 0}]})
+    diag["averaged"] = {"acc": 0.52}
+    lines = diagnostics_table(rec).splitlines()
+    assert lines[0].startswith("| round | server | averaged (before distillation) | uniform |")
+    assert lines[2].startswith("| 1 | 50.0 | 52.0 | 41.0 |")
 
 
 def test_seed_differences_compare_fedgo_with_each_row_seed_by_seed():

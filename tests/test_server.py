@@ -125,6 +125,12 @@ def test_each_rule_alone_gives_what_the_all_rules_diagnostic_reports(tiny_config
     assert {"label-oracle", "odds-unsquashed"} <= set(diag["logits"])
     assert 1 < diag["phi"]["min"] <= diag["phi"]["mean"] <= diag["phi"]["max"] < np.e
     assert set(odds["clients"]["label_histograms"]) == {"0", "1", "2", "3"}
+    # the averaged model before distillation is the model FedAvg has after the same round
+    fedavg = _run(base.replace(strategy="fedavg", run_name="avg"))[0]
+    assert fedavg["rounds"][1]["clients"] == odds["rounds"][1]["clients"]
+    assert diag["averaged"]["acc"] == fedavg["rounds"][1]["server_test_acc"]
+    assert diag["averaged"]["loss"] == fedavg["rounds"][1]["server_test_loss"]
+    assert diag["averaged"]["acc"] != odds["rounds"][1]["server_test_acc"]  # distillation moved it
 
 
 def _info_replies(cfg):
