@@ -295,16 +295,16 @@ class FedAvgStrategy(FedAvg):
                 setattr(self, name, state[name])
 
     # --- central evaluation (after each round, and for round 0)
-    def test_metrics(self, model: nn.Module) -> tuple[float, float]:
-        """Test accuracy and loss of a classifier on the server's test split."""
+    def test_metrics(self, state: dict[str, torch.Tensor]) -> tuple[float, float]:
+        """Test accuracy and loss of the classifier with these weights on the test split."""
+        model = self.setup.new_classifier()
+        model.load_state_dict(state)
         with server_autocast(self.setup.device, self.setup.amp):
             return evaluate(model, self.setup.test_x, self.setup.test_y, device=self.setup.device)
 
     def evaluate_global(self, server_round: int, arrays: ArrayRecord) -> MetricRecord:
         start = time.perf_counter()
-        model = self.setup.new_classifier()
-        model.load_state_dict(arrays.to_torch_state_dict())
-        acc, loss = self.test_metrics(model)
+        acc, loss = self.test_metrics(arrays.to_torch_state_dict())
         entry = self.record.round(server_round)
         entry.update(server_test_acc=acc, server_test_loss=loss)
         self.record.time("evaluation", time.perf_counter() - start, server_round or None)

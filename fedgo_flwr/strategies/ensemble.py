@@ -112,8 +112,6 @@ class EnsembleDistillation(FedAvgStrategy):
         n_k = torch.tensor([m.num_examples for m in models], dtype=torch.float32)
         student = self.setup.new_classifier()
         student.load_state_dict(averaged)
-        if cfg.diagnostics:  # the round's FedAvg model, before distillation moves it
-            averaged_acc, averaged_loss = self.test_metrics(student)
         batches = self.distill_batches(server_round)
         if batches:
             start = time.perf_counter()
@@ -136,6 +134,8 @@ class EnsembleDistillation(FedAvgStrategy):
                 test_logits, log_odds if self.has_discriminators else None, n_k,
                 self.setup.test_y, active=weights, entropy_tau=cfg.entropy_tau,
                 histograms=self.clients.label_histograms([m.partition_id for m in models]))
-            entry["diagnostics"]["averaged"] = {"acc": averaged_acc, "loss": averaged_loss}
+            # what FedAvg keeps this round, where distillation started (`averaged` is unchanged)
+            avg_acc, avg_loss = self.test_metrics(averaged)
+            entry["diagnostics"]["averaged"] = {"acc": avg_acc, "loss": avg_loss}
         self.record.time("evaluation", time.perf_counter() - start, server_round)
         return {k: v.detach().cpu() for k, v in student.state_dict().items()}
