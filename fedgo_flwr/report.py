@@ -13,8 +13,9 @@ prints, per record, every rule's ensemble accuracy on the same client models rou
 --communication prints the bytes each strategy sent (pre-FL, per round, whole run) and its
 clients' compute seconds per round; --gap, per alpha, how much of the gap between the odds and
 the label oracle each option beyond the paper closes (FedGO records' diagnostics); --update
-FILE rewrites, in a Markdown file, each of these tables (summary, per-seed differences, gap,
-communication) found there by its header, from the records.
+FILE rewrites, in a Markdown file, each of these tables (summary, per-seed differences in the
+last round, over the last three and over all rounds, gap, communication) found there by its
+header, from the records.
 """
 
 from __future__ import annotations
@@ -126,18 +127,21 @@ def summary_table(records: list[dict]) -> str:
 
 
 def seed_differences(records: list[dict], of: str = "fedgo",
-                     metric: str = "server_test_acc", last: int = 1) -> str:
+                     metric: str = "server_test_acc", last: int | None = 1) -> str:
     """Per alpha and seed, `metric` of `of` minus that of every other strategy (points), in
-    the last round or averaged over the `last` rounds, so a lead or deficit is seen seed by
-    seed, not only in the means."""
+    the last round, averaged over the `last` rounds, or (last=None) over every round after
+    round 0, the paper's accuracy over the rounds; so a lead or deficit is seen seed by seed,
+    not only in the means."""
     cells: dict[tuple, dict[str, float]] = defaultdict(dict)
     for alpha, recs in by_alpha(records).items():
         for rec in recs:
             if rec["config"]["strategy"] != CENTRAL:
+                rounds = rec["rounds"][-last:] if last else rec["rounds"][1:]
                 cells[(alpha, rec["config"]["seed"])][label(rec)] = statistics.mean(
-                    r[metric] for r in rec["rounds"][-last:])
+                    r[metric] for r in rounds)
     others = sorted({name for row in cells.values() for name in row} - {of})
-    what = f"{of} (%)" if last == 1 else f"{of}, mean of last {last} (%)"
+    what = (f"{of} (%)" if last == 1 else f"{of}, mean of last {last} (%)" if last
+            else f"{of}, mean over all rounds (%)")
     lines = [f"| alpha | seed | {what} | " + " | ".join(f"{of} − {o}" for o in others) + " |",
              "|" + "---|" * (3 + len(others))]
     for (alpha, seed), row in sorted(cells.items(), key=lambda kv: (-kv[0][0], kv[0][1])):
@@ -281,12 +285,12 @@ def communication_table(records: list[dict]) -> str:
 
 def update_tables(path: Path, records: list[dict]) -> list[str]:
     """Replace each table of `path` whose header row begins (first three cells) like one of
-    the report's tables (summary, per-seed differences in the last round and over the last 3,
-    gap, communication) with that table made from `records`; the rest of the file is kept as
+    the report's tables (summary, per-seed differences in the last round, over the last 3
+    and over all rounds, gap, communication) with that table made from `records`; the rest of the file is kept as
     it is. Returns the headers of the tables replaced."""
     key = lambda line: "|".join(line.split("|")[1:4])  # noqa: E731 - its first three cells
     makers = (summary_table, seed_differences, lambda recs: seed_differences(recs, last=3),
-              gap_table, communication_table)
+              lambda recs: seed_differences(recs, last=None), gap_table, communication_table)
     # a table's first three header cells do not depend on the records: ask each for its own
     by_header = {key(make([]).split("\n")[0]): make for make in makers}
     out, replaced, lines, i = [], [], path.read_text().split("\n"), 0

@@ -85,6 +85,10 @@ def test_seed_differences_compare_fedgo_with_each_row_seed_by_seed():
     lines = seed_differences(recs, last=2).splitlines()  # means of the last two rounds
     assert lines[0] == "| alpha | seed | fedgo, mean of last 2 (%) | fedgo − fedavg | fedgo − feddf |"
     assert lines[3] == "| 0.1 | 1 | 35.0 | -1.0 | +1.0 |"
+    recs[2]["rounds"].append({"round": 2, "server_test_acc": 0.70})  # round 0 never counts
+    lines = seed_differences(recs, last=None).splitlines()
+    assert lines[0].startswith("| alpha | seed | fedgo, mean over all rounds (%) |")
+    assert lines[3] == "| 0.1 | 1 | 65.0 | +3.0 | +7.0 |"
 
 
 def test_gap_table_gives_the_share_of_the_odds_to_oracle_gap_each_option_closes():
@@ -122,7 +126,7 @@ def test_update_rewrites_the_report_tables_in_place_and_keeps_the_rest(tmp_path)
             r["bytes"] = {"down": 0}
     stale = [curve("fedgo", 1, [0.1, 0.30])]
     tables = [summary_table(stale), seed_differences(stale), seed_differences(stale, last=3),
-              gap_table(stale), communication_table([])]
+              seed_differences(stale, last=None), gap_table(stale), communication_table([])]
     readme.write_text("\n\n".join(tables) + "\n")
-    assert len(update_tables(readme, recs)) == 5
+    assert len(update_tables(readme, recs)) == 6
     assert "| fedgo | 0.1 | 0 |" in readme.read_text() and "30.0" not in readme.read_text()
