@@ -2,7 +2,7 @@
 
     python -m fedgo_flwr.report RESULTS_DIR [RESULTS_DIR ...] [--plot FILE.png]
                                 [--metric server_test_acc] [--by strategy] [--diagnostics]
-                                [--communication] [--gap] [--update README.md]
+                                [--communication] [--gap] [--of LABEL] [--update README.md]
 
 prints, per (strategy, weighting, alpha), the mean and std over seeds of the last round's
 server and ensemble test accuracy, of the server accuracy averaged over the last three
@@ -12,7 +12,8 @@ line per value of `--by` (a config key) with a band of one std over seeds; --dia
 prints, per record, every rule's ensemble accuracy on the same client models round by round;
 --communication prints the bytes each strategy sent (pre-FL, per round, whole run) and its
 clients' compute seconds per round; --gap, per alpha, how much of the gap between the odds and
-the label oracle each option beyond the paper closes (FedGO records' diagnostics); --update
+the label oracle each option beyond the paper closes (FedGO records' diagnostics); --of LABEL,
+the per-seed differences of that row to every other (last round, last three, all rounds); --update
 FILE rewrites, in a Markdown file, each of these tables (summary, per-seed differences in the
 last round, over the last three and over all rounds, gap, communication) found there by its
 header, from the records.
@@ -321,6 +322,9 @@ def main(argv: list[str]) -> int:
                         help="bytes each way (pre-FL, per round, whole run) and client seconds")
     parser.add_argument("--gap", action="store_true",
                         help="share of the odds-to-oracle gap each option beyond the paper closes")
+    parser.add_argument("--of", metavar="LABEL",
+                        help="per-seed differences of this row (a strategy label as the "
+                             "tables name it, e.g. 'fedgo[beta=4]') to every other row")
     parser.add_argument("--update", type=Path, metavar="FILE.md",
                         help="rewrite these tables where FILE.md has them (found by header)")
     args = parser.parse_args(argv)
@@ -338,6 +342,10 @@ def main(argv: list[str]) -> int:
         return 0
     if args.gap:
         print(gap_table(records))
+        return 0
+    if args.of:
+        for last in (1, 3, None):
+            print(seed_differences(records, of=args.of, last=last) + "\n")
         return 0
     if args.update:
         replaced = update_tables(args.update, records)

@@ -130,3 +130,17 @@ def test_update_rewrites_the_report_tables_in_place_and_keeps_the_rest(tmp_path)
     readme.write_text("\n\n".join(tables) + "\n")
     assert len(update_tables(readme, recs)) == 6
     assert "| fedgo | 0.1 | 0 |" in readme.read_text() and "30.0" not in readme.read_text()
+
+
+def test_report_of_prints_one_rows_differences_over_three_windows(tmp_path, capsys):
+    import json
+    from fedgo_flwr.report import main
+    beta4 = curve("fedgo", 0, [0.1, 0.5, 0.7])
+    beta4["config"]["odds-beta"] = 4.0
+    for name, rec in (("a", beta4), ("b", curve("fedgo", 0, [0.1, 0.6, 0.5]))):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "record.json").write_text(json.dumps(rec))
+    assert main([str(tmp_path), "--of", "fedgo[beta=4]"]) == 0
+    tables = capsys.readouterr().out.strip().split("\n\n")
+    assert [t.splitlines()[2] for t in tables] == [  # last round, last 3, rounds 1-2
+        "| 0.1 | 0 | 70.0 | +20.0 |", "| 0.1 | 0 | 43.3 | +3.3 |", "| 0.1 | 0 | 60.0 | +5.0 |"]
