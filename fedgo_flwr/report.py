@@ -231,7 +231,7 @@ def plot_rounds(records: list[dict], path: Path, metric: str = "server_test_acc"
     groups: dict[str, list[dict]] = defaultdict(list)
     for rec in records:
         groups[by(rec)].append(rec)
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    fig, ax = plt.subplots(figsize=(8.4, 4.2))
     for name, recs in sorted(groups.items()):
         if recs[0]["config"]["strategy"] == CENTRAL:  # epochs, not rounds: its final level
             level = 100 * np.mean([rec["rounds"][-1][metric] for rec in recs
@@ -249,7 +249,7 @@ def plot_rounds(records: list[dict], path: Path, metric: str = "server_test_acc"
     ax.set_ylabel(metric.replace("_", " ") + " (%)")
     ax.set_title(title or metric)
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8)  # beside, not over, the curves
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
