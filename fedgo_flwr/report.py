@@ -249,7 +249,7 @@ def plot_rounds(records: list[dict], path: Path, metric: str = "server_test_acc"
     ax.set_ylabel(metric.replace("_", " ") + " (%)")
     ax.set_title(title or metric)
     ax.grid(alpha=0.3)
-    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8)  # beside, not over, the curves
+    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8)  # beside the curves
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -287,8 +287,8 @@ def communication_table(records: list[dict]) -> str:
 def update_tables(path: Path, records: list[dict]) -> list[str]:
     """Replace each table of `path` whose header row begins (first three cells) like one of
     the report's tables (summary, per-seed differences in the last round, over the last 3
-    and over all rounds, gap, communication) with that table made from `records`; the rest of the file is kept as
-    it is. Returns the headers of the tables replaced."""
+    and over all rounds, gap, communication) with that table made from `records`; the rest
+    of the file is kept as it is. Returns the headers of the tables replaced."""
     key = lambda line: "|".join(line.split("|")[1:4])  # noqa: E731 - its first three cells
     makers = (summary_table, seed_differences, lambda recs: seed_differences(recs, last=3),
               lambda recs: seed_differences(recs, last=None), gap_table, communication_table)
