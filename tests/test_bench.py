@@ -123,6 +123,26 @@ def test_a_run_expected_to_overrun_the_budget_waits_and_shorter_ones_go_ahead(
     assert "1 run(s) deferred to the next invocation: fedgo-a0.1-s1" in printed
 
 
+def test_a_run_of_a_new_cell_sets_the_expectation_for_the_next_of_its_kind(
+        tmp_path, monkeypatch, capsys):
+    import time
+    from fedgo_flwr import bench
+    clock, started = [0.0], []
+
+    def ten_minute_run(cell, *_):
+        started.append(cell.run_name)
+        clock[0] += 600.0
+
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(bench, "run_cell", ten_minute_run)
+    plan = write_plan(tmp_path, cells=["fedgo"], alphas=[0.1], seeds=[0, 1, 2])
+    # no record of this cell yet: the first run goes; after it 5 of 15 minutes are left,
+    # and the next two are expected to take 10 each
+    assert main([str(plan), "--out", str(tmp_path / "out"), "--max-minutes", "15"]) == 0
+    assert started == ["fedgo-a0.1-s0"]
+    assert "2 run(s) deferred to the next invocation" in capsys.readouterr().out
+
+
 def test_central_reference_one_run_per_seed_in_every_alphas_table(tiny_config, tmp_path):
     from fedgo_flwr.central import train_central
     from fedgo_flwr.report import summary_table
