@@ -280,10 +280,11 @@ def main(argv: list[str]) -> int:
         else:
             run_cell(cell, plan["federation"], out, tag)
         ran += 1
-        # what this run took is the best guess for the next of its kind (a new cell has no record)
-        expected[kind(cell.run_name)] = time.perf_counter() - cell_start
+        took = time.perf_counter() - cell_start
+        # the best guess for the next run of its kind (a new cell has no record yet)
+        expected[kind(cell.run_name)] = took
         per_cell = (time.perf_counter() - start) / ran
-        print(f"{tag} finished in {time.perf_counter() - cell_start:.0f} s; about "
+        print(f"{tag} finished in {took:.0f} s; about "
               f"{per_cell * (len(todo) - i + len(deferred)) / 60:.0f} min left", flush=True)
     else:
         if deferred:

@@ -27,6 +27,7 @@ import math
 import statistics
 import sys
 from collections import defaultdict
+from functools import partial
 from pathlib import Path
 
 
@@ -125,6 +126,10 @@ def summary_table(records: list[dict]) -> str:
                      f"{mean_std(server)} | {mean_std(last3)} | {mean_std(ensemble)} | "
                      f"{to_target} |")
     return "\n".join(lines)
+
+
+# The windows of the per-seed differences: the last round, the last three, every round.
+SEED_WINDOWS = (1, 3, None)
 
 
 def seed_differences(records: list[dict], of: str = "fedgo",
@@ -290,8 +295,8 @@ def update_tables(path: Path, records: list[dict]) -> list[str]:
     and over all rounds, gap, communication) with that table made from `records`; the rest
     of the file is kept as it is. Returns the headers of the tables replaced."""
     key = lambda line: "|".join(line.split("|")[1:4])  # noqa: E731 - its first three cells
-    makers = (summary_table, seed_differences, lambda recs: seed_differences(recs, last=3),
-              lambda recs: seed_differences(recs, last=None), gap_table, communication_table)
+    makers = (summary_table, *(partial(seed_differences, last=last) for last in SEED_WINDOWS),
+              gap_table, communication_table)
     # a table's first three header cells do not depend on the records: ask each for its own
     by_header = {key(make([]).split("\n")[0]): make for make in makers}
     out, replaced, lines, i = [], [], path.read_text().split("\n"), 0
@@ -344,7 +349,7 @@ def main(argv: list[str]) -> int:
         print(gap_table(records))
         return 0
     if args.of:
-        for last in (1, 3, None):
+        for last in SEED_WINDOWS:
             print(seed_differences(records, of=args.of, last=last) + "\n")
         return 0
     if args.update:
