@@ -11,15 +11,16 @@ from __future__ import annotations
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
+from fedgo_flwr.config import Config
 from fedgo_flwr.strategies import STRATEGIES
-from fedgo_flwr.strategies.local import Local
+from fedgo_flwr.client_context import Local
 
 app = ClientApp()
 
 
 def _dispatch(message_type: str):
     def handle(message: Message, context: Context) -> Message:
-        local = Local.of(context)
+        local = Local.of(context, Config.from_run_config(context.run_config))
         return STRATEGIES.handler(local.cfg, message_type)(message, local)
     return handle
 

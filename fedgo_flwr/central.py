@@ -24,7 +24,7 @@ from fedgo_flwr.config import Config, ConfigError
 from fedgo_flwr.data import load_dataset, server_data, split_indices
 from fedgo_flwr.models import create_classifier
 from fedgo_flwr.report import CENTRAL
-from fedgo_flwr.strategies.clients import round_seed
+from fedgo_flwr.seeds import round_seed
 from fedgo_flwr.train import evaluate, resolve_device, train_classifier
 
 REPO = Path(__file__).resolve().parents[1]

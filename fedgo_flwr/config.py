@@ -1,9 +1,13 @@
 """One typed, validated configuration built from Flower's flat run config.
 
-Every key is declared in ``pyproject.toml`` under ``[tool.flwr.app.config]`` with the same
-default as here (a test keeps the two equal). Keys are kebab-case there and snake_case here.
-The keys shared by every strategy are fields below; a strategy's own keys (`fedprox-mu`) are
-declared in its module (see strategies/registry.py) and read with `cfg.keys("fedprox")`.
+Every key is declared once, below (the keys every strategy shares) or in its strategy's module
+(`<strategy>-<field>`, e.g. `fedprox-mu`), with `keys.key(default, meaning, allowed, groups)`;
+pyproject.toml mirrors the defaults under `[tool.flwr.app.config]` (a test keeps them equal)
+and docs/configuration.md is generated from the declarations (a test keeps it current). Keys
+are kebab-case there and snake_case here.
+
+The config validates against the registries (strategies, datasets, models, weighting rules),
+which never import it.
 """
 
 from __future__ import annotations
@@ -14,119 +18,183 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
 
-# Choices that are not registries of their own (those are checked against the registry).
-SERVER_DEVICES = ("auto", "cpu", "cuda")
-DISTILL_SCHEDULES = ("cosine", "constant")
+from fedgo_flwr.data import DATASETS
+from fedgo_flwr.distill import ENSEMBLE_SPACES
+from fedgo_flwr.keys import (AT_LEAST_ONE, FRACTION, NON_NEGATIVE, POSITIVE, ConfigError,
+                             Declared, OneOf, check, check_fields, choice, coerce, declared,
+                             key)
+from fedgo_flwr.models import CLASSIFIERS
+from fedgo_flwr.strategies import STRATEGIES
+from fedgo_flwr.weighting import WEIGHTINGS
 
+__all__ = ["Config", "ConfigError", "GROUPS", "check", "choice"]
 
-class ConfigError(ValueError):
-    """A run-config key has a value outside what is allowed."""
+# Groups of keys: a key's first group is its section in the reference. Every strategy reads
+# the first five; the others are read by the strategies that name them (StrategySpec.reads),
+# and a strategy's own keys form a group of its name.
+GROUPS = {
+    "run": "What runs",
+    "data": "Data",
+    "rounds": "Main FL rounds",
+    "nodes": "Nodes, checkpoints and resume",
+    "device": "Where the server computes",
+    "distillation": "The server update every ensemble strategy shares",
+    "weighting": "FedGO's weighting rule",
+    "generator": "The generator G (FedGO's pre-FL stage, DaFKD)",
+    "pre-fl": "FedGO's pre-FL stage (Algorithm 3)",
+}
+EVERY_STRATEGY = ("run", "data", "rounds", "nodes", "device")
 
 
 @dataclass(frozen=True)
 class Config:
     # --- what runs
-    strategy: str = "fedgo"
-    dataset: str = "fmnist"
-    model: str = "cnn"
-    seed: int = 0
-    partition_seed: int = -1  # -1: use `seed`
-    data_dir: str = ""  # "": $FEDGO_DATA_DIR or ~/.cache/fedgo-flwr/data
-    results_dir: str = ""  # "": $FEDGO_RESULTS_DIR or ~/fedgo-flwr-results
-    run_name: str = ""  # "": <strategy>-<dataset>-a<alpha>-s<seed>-<timestamp>
+    strategy: str = key("fedgo", "the method; see the strategies table in the README",
+                        OneOf(STRATEGIES))
+    dataset: str = key("fmnist", "the dataset (Fashion-MNIST: torchvision's FashionMNIST)",
+                       OneOf(DATASETS))
+    model: str = key("cnn", "the classifier: cnn (FedAvg's CNN for 28x28) or resnet18 "
+                     "(CIFAR variant)", OneOf(CLASSIFIERS))
+    seed: int = key(0, "fixes the split, the partitions, client sampling and every "
+                    "initialisation", NON_NEGATIVE)
+    partition_seed: int = key(-1, "seed of the Dirichlet partitioner alone; -1 = `seed`")
+    data_dir: str = key("", "where the data is looked for and put; \"\" = $FEDGO_DATA_DIR or "
+                        "~/.cache/fedgo-flwr/data")
+    results_dir: str = key("", "absolute results root; \"\" = $FEDGO_RESULTS_DIR or "
+                           "~/fedgo-flwr-results")
+    run_name: str = key("", "the run's folder under results-dir; \"\" = "
+                        "<strategy>-<dataset>-a<alpha>-s<seed>-<time>")
     # --- data
-    alpha: float = 0.1  # Dirichlet concentration of the client split
-    flip: bool = True  # random horizontal flip of client data and U (paper, App. E.2)
-    distill_size: int = 3000  # samples of U used for distillation; 0 = all of U
-    test_size: int = 2000  # samples of the test split used for evaluation; 0 = all
-    val_size: int = 0  # labelled server images for FedDF-as-published's early stopping
+    alpha: float = key(0.1, "Dirichlet concentration of the client split", POSITIVE, ("data",))
+    flip: bool = key(True, "random horizontal flip of client data and U (paper, App. E.2)",
+                     groups=("data",))
+    test_size: int = key(2000, "test images used for evaluation (a seeded subset); 0 = all",
+                         NON_NEGATIVE, ("data",))
+    distill_size: int = key(3000, "images of U used for distillation (a seeded subset); "
+                            "0 = all of U", NON_NEGATIVE, ("distillation",))
+    val_size: int = key(0, "labelled server images outside U for FedDF-as-published's early "
+                        "stopping (only with feddf-published)", NON_NEGATIVE, ("feddf",))
     # --- main FL (Algorithm 2)
-    num_server_rounds: int = 5
-    fraction_train: float = 0.4  # C
-    local_epochs: int = 1
-    batch_size: int = 64
-    lr: float = 1e-3
-    round_timeout: float = 3600.0  # seconds a round (or the pre-FL exchange) waits for replies
+    num_server_rounds: int = key(5, "T, the number of rounds", AT_LEAST_ONE, ("rounds",))
+    fraction_train: float = key(0.4, "C: a round trains floor(C K) clients, at least two "
+                                "(all when fewer are present)", FRACTION, ("rounds",))
+    local_epochs: int = key(1, "client training epochs a round (Adam)", NON_NEGATIVE,
+                            ("rounds",))
+    batch_size: int = key(64, "client training batch size", AT_LEAST_ONE, ("rounds",))
+    lr: float = key(1e-3, "client learning rate (Adam)", POSITIVE, ("rounds",))
+    round_timeout: float = key(3600.0, "seconds a round (and the pre-FL exchange) waits for "
+                               "replies; who did not answer is logged and recorded", POSITIVE,
+                               ("rounds",))
     # --- nodes, checkpoints
-    join_timeout: float = 300.0  # seconds to wait for every partition's node before pre-FL
-    require_all_clients: bool = False  # fail instead of going on without a missing node
-    checkpoint_keep: int = 1  # checkpoints kept in <run>/checkpoints (newest); 0 = none
-    resume_from: str = ""  # a checkpoint, or a run folder (its newest checkpoint), to go on from
+    join_timeout: float = key(300.0, "seconds to wait for every partition's node before the "
+                              "pre-FL stage; then the run goes on with those that answered",
+                              POSITIVE, ("nodes",))
+    require_all_clients: bool = key(False, "fail instead of going on without a partition "
+                                    "missing at the start (or without its discriminator)",
+                                    groups=("nodes",))
+    checkpoint_keep: int = key(1, "checkpoints kept in <run>/checkpoints (the newest; one is "
+                               "written after every round); 0 = none", NON_NEGATIVE,
+                               ("nodes",))
+    resume_from: str = key("", "a checkpoint, or a run folder (its newest checkpoint), to go "
+                           "on from, with the same config", groups=("nodes",))
     # --- the server update every ensemble-distillation strategy shares
-    server_epochs: int = 1  # E_s
-    server_lr: float = 1e-3
-    server_batch_size: int = 64
-    distill_schedule: str = "cosine"  # server lr over the T rounds: cosine (paper) | constant
-    weighting: str = "odds"  # client weighting rule of the ensemble (fedgo)
-    entropy_tau: float = 1.0  # temperature of the entropy rule
-    odds_beta: float = 1.0  # w_k ~ n_k Phi_k^beta; 1 = the paper
-    ensemble_space: str = "logits"  # weights mix logits (Algorithm 2) | probabilities (Thm 3.4)
-    diagnostics: bool = False  # every rule, label oracle, Phi stats per round; clients send
-    # their label histogram (read by the diagnostics only)
+    server_epochs: int = key(1, "E_s: passes over U a round", NON_NEGATIVE, ("distillation",))
+    server_lr: float = key(1e-3, "server learning rate (Adam)", POSITIVE, ("distillation",))
+    server_batch_size: int = key(64, "server distillation batch size", AT_LEAST_ONE,
+                                 ("distillation",))
+    distill_schedule: str = key("cosine", "the server learning rate over the T rounds: cosine "
+                                "(the paper's main tables) or constant (its Table 11)",
+                                OneOf(("cosine", "constant")), ("distillation",))
+    weighting: str = key("odds", "FedGO's client weighting rule: odds (FedGO), uniform (FedDF), "
+                         "variance (Fed-ET), entropy (FedHKT/FedDS), domain-aware (DaFKD)",
+                         OneOf(WEIGHTINGS), ("weighting",))
+    entropy_tau: float = key(1.0, "temperature of the entropy rule (also in the diagnostics)",
+                             POSITIVE, ("weighting", "distillation"))
+    odds_beta: float = key(1.0, "sharpened odds, w_k ~ n_k Phi_k^beta; 1 = the paper",
+                           POSITIVE, ("weighting",))
+    ensemble_space: str = key("logits", "where the weights mix the clients: logits "
+                              "(Algorithm 2) or probabilities (Theorem 3.4)",
+                              OneOf(ENSEMBLE_SPACES), ("distillation",))
+    diagnostics: bool = key(False, "per round, every weighting rule on the same client models, "
+                            "the label oracle and Phi statistics; clients then send their label "
+                            "histogram, which no algorithm reads", groups=("distillation",))
     # --- pre-FL stage (generator G1 and discriminators, Algorithm 3)
-    generator_steps: int = 60  # WGAN-GP generator steps on U; 0 = randomly initialised G
-    critic_steps: int = 5
-    gp_weight: float = 10.0
-    gan_lr: float = 2e-4
-    gan_batch_size: int = 64
-    latent_dim: int = 128
-    generator_width: int = 32  # base channels of G and its critic (64 in WGAN-GP)
-    discriminator_width: int = 32  # base channels of D_k (64 in DCGAN)
-    discriminator_epochs: int = 2
-    discriminator_lr: float = 2e-4
-    generator_cache: bool = True  # reuse a trained G from <results-dir>/generators
+    generator_steps: int = key(60, "WGAN-GP generator steps on U; 0 = randomly initialised G",
+                               NON_NEGATIVE, ("pre-fl",))
+    critic_steps: int = key(5, "WGAN-GP critic steps per generator step", AT_LEAST_ONE,
+                            ("pre-fl",))
+    gp_weight: float = key(10.0, "WGAN-GP gradient penalty weight", NON_NEGATIVE, ("pre-fl",))
+    gan_lr: float = key(2e-4, "GAN learning rate (Adam)", POSITIVE, ("generator",))
+    gan_batch_size: int = key(64, "WGAN-GP and discriminator batch size", AT_LEAST_ONE,
+                              ("pre-fl",))
+    latent_dim: int = key(128, "G's latent dimension", AT_LEAST_ONE, ("generator",))
+    generator_width: int = key(32, "base channels of G and its critic (64 in WGAN-GP)",
+                               AT_LEAST_ONE, ("generator",))
+    discriminator_width: int = key(32, "base channels of D_k (64 in DCGAN)", AT_LEAST_ONE,
+                                   ("pre-fl",))
+    discriminator_epochs: int = key(2, "epochs of each client's discriminator training",
+                                    NON_NEGATIVE, ("pre-fl",))
+    discriminator_lr: float = key(2e-4, "discriminator learning rate (Adam)", POSITIVE,
+                                  ("pre-fl",))
+    generator_cache: bool = key(True, "reuse a generator trained before on the same U with the "
+                                "same settings and seed, from <results-dir>/generators",
+                                groups=("pre-fl",))
     # --- where server work runs
-    server_device: str = "auto"
-    server_amp: bool = True  # bf16 mixed precision for server forward passes on a GPU
+    server_device: str = key("auto", "the server's device: auto (CUDA if visible), cpu, cuda",
+                             OneOf(("auto", "cpu", "cuda")), ("device",))
+    server_amp: bool = key(True, "bf16 mixed precision for the server's forward passes on a "
+                           "GPU; no effect on the CPU", groups=("device",))
     # --- the keys strategies declare (kebab-case -> value), each strategy's defaults to start
-    strategy_keys: dict = field(default_factory=lambda: _declared_defaults(), hash=False)
+    strategy_keys: dict = field(default_factory=lambda: strategy_defaults(), hash=False)
 
     @classmethod
     def from_run_config(cls, run_config: Mapping[str, Any]) -> "Config":
         """Build from Flower's run config (kebab-case keys); unknown keys are an error."""
-        by_key = {f.name.replace("_", "-"): f for f in fields(cls) if f.name != "strategy_keys"}
-        declared = _declared_keys()
-        unknown = sorted(set(run_config) - set(by_key) - set(declared))
+        known = declared_keys()
+        unknown = sorted(set(run_config) - set(known))
         if unknown:
             raise ConfigError(f"unknown run-config key(s) {unknown}; allowed keys: "
-                              f"{sorted([*by_key, *declared])}")
-        values, strategy_keys = {}, _declared_defaults()
-        for key, value in run_config.items():
-            if key in declared:
-                strategy_keys[key] = _coerce(key, value, type(declared[key][2]))
+                              f"{sorted(known)}")
+        values, strategy_keys = {}, strategy_defaults()
+        for name, value in run_config.items():
+            d = known[name]
+            if d.field in SHARED_FIELDS and name == d.field.replace("_", "-"):
+                values[d.field] = coerce(name, value, d.kind)
             else:
-                field_ = by_key[key]
-                values[field_.name] = _coerce(key, value, type(getattr(cls, field_.name)))
+                strategy_keys[name] = coerce(name, value, d.kind)
         cfg = cls(**values, strategy_keys=strategy_keys)
         cfg.validate()
         return cfg
 
     def to_run_config(self) -> dict[str, Any]:
-        shared = {f.name.replace("_", "-"): getattr(self, f.name) for f in fields(self)
-                  if f.name != "strategy_keys"}
+        shared = {d.name: getattr(self, d.field) for d in SHARED}
         return {**shared, **self.strategy_keys}
 
     def replace(self, **changes: Any) -> "Config":
         """A copy with some keys changed, snake_case (`feddf_published=True` sets a strategy's
         key `feddf-published`)."""
-        names = {f.name for f in fields(self)}
-        declared = _declared_keys()
-        own = dict(self.strategy_keys)
-        for name in [n for n in changes if n not in names]:
-            key = name.replace("_", "-")
-            if key not in declared:
-                raise ConfigError(f"unknown run-config key {key!r}")
-            own[key] = _coerce(key, changes.pop(name), type(declared[key][2]))
+        own, theirs = dict(self.strategy_keys), {d.name: d for d in strategy_declared()}
+        for name in [n for n in changes if n not in SHARED_FIELDS]:
+            kebab = name.replace("_", "-")
+            if kebab not in theirs:
+                raise ConfigError(f"unknown run-config key {kebab!r}")
+            own[kebab] = coerce(kebab, changes.pop(name), theirs[kebab].kind)
         cfg = dataclasses.replace(self, **changes, strategy_keys=own)
         cfg.validate()
         return cfg
 
     def keys(self, strategy: str):
         """The keys `strategy` declares, as its keys dataclass (defaults where unset)."""
-        from fedgo_flwr.strategies import STRATEGIES
         spec = STRATEGIES[strategy]
-        return spec.keys(**{name: self.strategy_keys[key]
-                            for key, (name, _) in spec.declared_keys().items()})
+        return spec.keys(**{d.field: self.strategy_keys[d.name]
+                            for d in declared(spec.keys, spec.name)})
+
+    def unread_keys(self) -> list[str]:
+        """Keys set away from their default that the chosen strategy never reads."""
+        reads = {*EVERY_STRATEGY, *STRATEGIES.reads(self.strategy, self.strategy_keys)}
+        given = self.to_run_config()
+        return [name for name, d in declared_keys().items()
+                if given[name] != d.default and not reads.intersection(d.groups)]
 
     # --- derived values
     @property
@@ -144,74 +212,31 @@ class Config:
         return Path(self.results_dir or default).expanduser().resolve()
 
     def validate(self) -> None:
-        # Registries are imported here so that config stays importable on its own.
-        from fedgo_flwr.data import DATASETS
-        from fedgo_flwr.distill import ENSEMBLE_SPACES
-        from fedgo_flwr.models import CLASSIFIERS
-        from fedgo_flwr.strategies import STRATEGIES
-        from fedgo_flwr.weighting import WEIGHTINGS
-
-        choice("strategy", self.strategy, STRATEGIES)
-        choice("dataset", self.dataset, DATASETS)
-        choice("model", self.model, CLASSIFIERS)
-        choice("weighting", self.weighting, WEIGHTINGS)
-        choice("server-device", self.server_device, SERVER_DEVICES)
-        choice("distill-schedule", self.distill_schedule, DISTILL_SCHEDULES)
-        choice("ensemble-space", self.ensemble_space, ENSEMBLE_SPACES)
-        check("alpha", self.alpha > 0, "must be > 0")
-        check("fraction-train", 0 < self.fraction_train <= 1, "must be in (0, 1]")
-        for key in ("num-server-rounds", "batch-size", "server-batch-size",
-                    "gan-batch-size", "latent-dim", "critic-steps", "generator-width",
-                    "discriminator-width"):
-            check(key, getattr(self, key.replace("-", "_")) >= 1, "must be >= 1")
-        for key in ("local-epochs", "server-epochs", "generator-steps",
-                    "discriminator-epochs", "distill-size", "test-size", "seed", "val-size",
-                    "checkpoint-keep"):
-            check(key, getattr(self, key.replace("-", "_")) >= 0, "must be >= 0")
-        for key in ("lr", "server-lr", "gan-lr", "discriminator-lr", "round-timeout", "entropy-tau",
-                    "odds-beta", "join-timeout"):
-            check(key, getattr(self, key.replace("-", "_")) > 0, "must be > 0")
-        check("gp-weight", self.gp_weight >= 0, "must be >= 0")
+        check_fields(self)
         for name, spec in STRATEGIES.items():  # each strategy checks its own keys
-            if spec.keys is not None and hasattr(spec.keys, "validate"):
-                self.keys(name).validate(self)
+            if spec.keys is not None:
+                own = self.keys(name)
+                check_fields(own, name)
+                if hasattr(own, "validate"):
+                    own.validate(self, STRATEGIES)
 
 
-def _declared_keys() -> dict[str, tuple[str, str, Any]]:
-    from fedgo_flwr.strategies import STRATEGIES
-    return STRATEGIES.declared_keys()
+# The shared keys, declared above; the strategies' keys are read from the registry each time
+# (a strategy may be registered after import).
+SHARED = declared(Config)
+SHARED_FIELDS = {d.field for d in SHARED}
 
 
-def _declared_defaults() -> dict[str, Any]:
-    return {key: default for key, (_, _, default) in _declared_keys().items()}
+def strategy_declared() -> list[Declared]:
+    """Every key the registered strategies declare, `<strategy>-<field>`."""
+    return [d for name, spec in STRATEGIES.items() if spec.keys is not None
+            for d in declared(spec.keys, name)]
 
 
-def _coerce(key: str, value: Any, kind: type) -> Any:
-    """Flower gives TOML values; an int where a float is declared is fine, not the reverse."""
-    if kind is bool:
-        if isinstance(value, bool):
-            return value
-    elif kind is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    elif kind is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-    elif kind is str:
-        if isinstance(value, str):
-            return value
-    raise ConfigError(f"run-config key '{key}' must be a {kind.__name__}, got {value!r}")
+def declared_keys() -> dict[str, Declared]:
+    """Every run-config key, kebab-case -> its declaration."""
+    return {d.name: d for d in [*SHARED, *strategy_declared()]}
 
 
-def choice(key: str, value: str, allowed: Mapping[str, Any] | tuple[str, ...]) -> None:
-    """Fail with a message naming the key and the allowed values unless value is one."""
-    if value not in allowed:
-        raise ConfigError(
-            f"run-config key '{key}' is {value!r}; allowed values: {', '.join(sorted(allowed))}"
-        )
-
-
-def check(key: str, ok: bool, why: str) -> None:
-    """Fail with a message naming the key unless `ok`."""
-    if not ok:
-        raise ConfigError(f"run-config key '{key}' {why}")
+def strategy_defaults() -> dict[str, Any]:
+    return {d.name: d.default for d in strategy_declared()}

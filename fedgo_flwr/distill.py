@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedgo_flwr.data import minibatches, to_unit_range
+from fedgo_flwr.batches import minibatches, to_unit_range
 from fedgo_flwr.teachers import server_autocast
 from fedgo_flwr.train import descend, evaluate
 

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedgo_flwr.data import minibatches, random_hflip, to_unit_range
+from fedgo_flwr.batches import minibatches, random_hflip, to_unit_range
 
 
 def resolve_device(name: str = "auto") -> torch.device:

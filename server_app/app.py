@@ -13,10 +13,10 @@ from flwr.app import ArrayRecord, Context
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
-from fedgo_flwr import checkpoint
+from fedgo_flwr.server import checkpoint
 from fedgo_flwr.config import Config, ConfigError
 from fedgo_flwr.data import load_dataset, server_data, validation_data
-from fedgo_flwr.results import RunRecord, format_table
+from fedgo_flwr.server.record import RunRecord, format_table
 from fedgo_flwr.strategies import STRATEGIES, ServerSetup
 from fedgo_flwr.train import resolve_device
 
@@ -44,6 +44,11 @@ def run(grid: Grid, cfg: Config) -> Path:
     run_name = record.run_name
     log(INFO, "fedgo-flwr: %s on %s, alpha=%g, seed=%d, %d rounds -> %s", cfg.strategy,
         cfg.dataset, cfg.alpha, cfg.seed, cfg.num_server_rounds, cfg.results_path / run_name)
+    unread = cfg.unread_keys()
+    record.data["unread_keys"] = unread
+    if unread:
+        log(WARNING, "run-config key(s) %s are set but strategy %r never reads them: they have "
+            "no effect on this run", ", ".join(unread), cfg.strategy)
 
     data = load_dataset(cfg.dataset, cfg.data_path)
     u, test_x, test_y = server_data(cfg)
@@ -53,7 +58,7 @@ def run(grid: Grid, cfg: Config) -> Path:
     log(INFO, "server: |U| = %d unlabeled, %d labelled validation, %d test images, device %s",
         len(u), len(val_y), len(test_y), setup.device)
 
-    strategy = STRATEGIES[cfg.strategy].server(setup, record)
+    strategy = STRATEGIES.server(setup, record)
     run_dir = cfg.results_path / run_name
     if resumed:
         strategy.discover(grid)  # node ids change between runs; partition ids do not

@@ -17,18 +17,18 @@ def test_run_config_round_trip_and_int_for_float():
 
 
 @pytest.mark.parametrize("key,value,needle", [
-    ("strategy", "fedsgd", "allowed values: dafkd, fedavg, feddf, fedgen, fedgo, fedprox"),
-    ("weighting", "magic", "allowed values: domain-aware, entropy, odds, uniform, variance"),
-    ("entropy-tau", 0.0, "'entropy-tau' must be > 0"),
-    ("server-device", "tpu", "allowed values: auto, cpu, cuda"),
-    ("alpha", 0.0, "'alpha' must be > 0"),
-    ("fraction-train", 1.5, "'fraction-train' must be in (0, 1]"),
-    ("local-epochs", 1.5, "'local-epochs' must be a int"),
-    ("flip", "yes", "'flip' must be a bool"),
-    ("num-server-rounds", 0, "'num-server-rounds' must be >= 1"),
-    ("distill-schedule", "step", "allowed values: constant, cosine"),
-    ("ensemble-space", "margins", "allowed values: logits, probabilities"),
-    ("odds-beta", 0.0, "'odds-beta' must be > 0"),
+    ("strategy", "fedsgd", "allowed: dafkd, fedavg, feddf, fedgen, fedgo, fedprox"),
+    ("weighting", "magic", "allowed: domain-aware, entropy, odds, uniform, variance"),
+    ("entropy-tau", 0.0, "'entropy-tau' is 0.0; allowed: > 0"),
+    ("server-device", "tpu", "allowed: auto, cpu, cuda"),
+    ("alpha", 0.0, "'alpha' is 0.0; allowed: > 0"),
+    ("fraction-train", 1.5, "'fraction-train' is 1.5; allowed: in (0, 1]"),
+    ("local-epochs", 1.5, "'local-epochs' is 1.5; allowed: a int"),
+    ("flip", "yes", "'flip' is 'yes'; allowed: a bool"),
+    ("num-server-rounds", 0, "'num-server-rounds' is 0; allowed: >= 1"),
+    ("distill-schedule", "step", "allowed: constant, cosine"),
+    ("ensemble-space", "margins", "allowed: logits, probabilities"),
+    ("odds-beta", 0.0, "'odds-beta' is 0.0; allowed: > 0"),
     ("feddf-published", True, "it switches FedDF"),
     ("val-size", 100, "only FedDF's published server update reads labelled server data"),
 ])
@@ -46,3 +46,21 @@ def test_unknown_key_is_rejected():
 def test_partition_seed_defaults_to_seed():
     assert Config(seed=5).effective_partition_seed == 5
     assert Config(seed=5, partition_seed=9).effective_partition_seed == 9
+
+
+@pytest.mark.parametrize("changes, unread", [
+    ({}, []),
+    ({"strategy": "fedgo", "odds-beta": 4.0, "fedprox-mu": 0.1}, ["fedprox-mu"]),
+    ({"strategy": "feddf", "weighting": "entropy", "odds-beta": 4.0, "generator-steps": 0},
+     ["weighting", "odds-beta", "generator-steps"]),
+    ({"strategy": "fedavg", "server-epochs": 3, "lr": 0.01, "dafkd-gan-rounds": 1},
+     ["server-epochs", "dafkd-gan-rounds"]),
+    # FedProx under FedGO reads FedGO's keys and its own.
+    ({"strategy": "fedprox", "fedprox-base": "fedgo", "odds-beta": 4.0, "fedprox-mu": 0.1,
+      "feddf-steps": 3}, ["feddf-steps"]),
+    ({"strategy": "dafkd", "latent-dim": 64, "discriminator-epochs": 3},
+     ["discriminator-epochs"]),
+])
+def test_keys_the_strategy_never_reads_are_named(changes, unread):
+    cfg = Config.from_run_config(changes)
+    assert sorted(cfg.unread_keys()) == sorted(unread)

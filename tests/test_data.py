@@ -4,7 +4,8 @@ import torch
 
 import fedgo_flwr.data.fmnist as fmnist
 from conftest import write_tiny_fmnist
-from fedgo_flwr.data import client_indices, distillation_indices, random_hflip, split_indices
+from fedgo_flwr.batches import random_hflip
+from fedgo_flwr.data import client_indices, distillation_indices, split_indices
 from fedgo_flwr.data.split import dirichlet_partitions, server_client_split
 
 

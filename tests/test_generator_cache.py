@@ -6,7 +6,7 @@ import torch
 
 from fedgo_flwr.data import server_data
 from fedgo_flwr.generator_cache import entry_path, generator_description
-from fedgo_flwr.results import RunRecord
+from fedgo_flwr.server.record import RunRecord
 from fedgo_flwr.strategies import FedGO, ServerSetup
 
 CPU = torch.device("cpu")

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import client_app.app as client_module
-from fedgo_flwr import checkpoint
+from fedgo_flwr.server import checkpoint
 from fedgo_flwr.config import ConfigError
 from fedgo_flwr.inprocess import InProcessGrid
 from server_app.app import run

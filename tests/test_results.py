@@ -1,5 +1,5 @@
 from fedgo_flwr.report import fedavg_target, plot_rounds, rounds_to_target, summary_table
-from fedgo_flwr.results import format_table, round_line
+from fedgo_flwr.server.record import format_table, round_line
 
 
 def test_table_and_progress_line_show_what_each_round_has():

@@ -165,3 +165,31 @@ def test_feddf_diagnostics_score_the_rules_that_need_no_discriminator(tiny_confi
     diag = _run(cfg)[0]["rounds"][1]["diagnostics"]
     assert set(diag["logits"]) == {"uniform", "variance", "entropy", "size", "label-oracle"}
     assert "phi" not in diag
+
+
+def test_a_round_trains_two_clients_even_when_c_times_k_is_one(tiny_config, caplog):
+    """Flower's default federation has 2 SuperNodes: C = 0.4 must still make an ensemble."""
+    from fedgo_flwr.server.clients import sample_partitions
+    assert len(sample_partitions([0, 1], 0.4, seed=0, server_round=1)) == 2
+    assert sample_partitions([0, 1, 2], 0.1, 0, 1, absent=frozenset({1})) == [0, 2]
+    assert len(sample_partitions(list(range(20)), 0.4, 0, 1)) == 8  # floor(C K) above two
+    with caplog.at_level(logging.INFO):
+        record, _ = _run(tiny_config.replace(fraction_train=0.1), num_partitions=2)
+    assert all(len(r["clients"]) == 2 for r in record["rounds"][1:])
+    log = caplog.text  # every phase says what it does, by partition id
+    assert "2 clients, n_k by partition id: 0: " in log
+    for line in ("pre-FL: discriminator: partition 0 done", "pre-FL: odds of partition 1",
+                 "round 1: client training: partition 1 done", "round 2: distilled"):
+        assert line in log, line
+
+
+def test_keys_the_strategy_never_reads_are_logged_and_recorded(tiny_config, caplog):
+    with caplog.at_level(logging.WARNING):
+        record, _ = _run(tiny_config.replace(strategy="fedavg", odds_beta=4.0, fedprox_mu=0.1))
+    unread = record["unread_keys"]  # tiny_config's pre-FL sizes too: FedAvg has no pre-FL
+    assert {"odds-beta", "fedprox-mu", "generator-steps", "distill-size"} <= set(unread)
+    assert not {"alpha", "num-server-rounds", "fraction-train"} & set(unread)
+    assert f"{', '.join(unread)} are set but strategy 'fedavg' never reads them" in caplog.text
+    # tiny_config sets pre-FL keys away from their defaults: under FedGO they are read.
+    record, _ = _run(tiny_config.replace(run_name="fedgo"))
+    assert record["unread_keys"] == []

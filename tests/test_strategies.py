@@ -16,9 +16,9 @@ from fedgo_flwr.inprocess import InProcessGrid
 from fedgo_flwr.models import CNN
 from fedgo_flwr.strategies import STRATEGIES, FedAvgStrategy, StrategySpec
 from fedgo_flwr.strategies.base import CLIENT
-from fedgo_flwr.strategies.clients import config_record
+from fedgo_flwr.server.clients import config_record
 from fedgo_flwr.strategies.fedprox import proximal_term
-from fedgo_flwr.strategies.local import Local, config_of, reply
+from fedgo_flwr.client_context import Local, config_of, reply
 from server_app.app import run
 
 
@@ -32,7 +32,7 @@ def _run(cfg, app=None, num_partitions=4):
 class ThrowawayKeys:
     factor: int = 3
 
-    def validate(self, cfg) -> None:
+    def validate(self, cfg, strategies) -> None:
         check("throwaway-factor", self.factor >= 1, "must be >= 1")
 
 
@@ -72,7 +72,7 @@ def test_a_new_strategy_with_its_own_message_type_needs_no_clientapp_change(tiny
     record, grid = _run(cfg, throwaway)
     sums = []
     for pid in range(4):  # what each partition holds, computed here independently
-        local = Local.of(grid.nodes[1000 + 17 * pid])
+        local = Local.of(grid.nodes[1000 + 17 * pid], cfg)
         sums.append(2 * int(local.y.sum()))
     assert record["pre_fl"]["label_sums"] == sorted(sums)
     assert [r["round"] for r in record["rounds"]] == [0, 1, 2]
@@ -101,9 +101,12 @@ def test_a_message_type_the_running_strategy_does_not_answer_is_an_error_reply(t
 def test_every_declared_key_is_in_pyproject_with_its_default():
     import tomllib
     declared = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
-    for key, (strategy, _, default) in STRATEGIES.declared_keys().items():
-        assert key.startswith(strategy + "-")
-        assert declared[key] == default, key
+    from fedgo_flwr.config import strategy_declared
+    keys = strategy_declared()
+    assert {d.name for d in keys} >= {"fedprox-mu", "feddf-published", "dafkd-gan-rounds"}
+    for d in keys:
+        assert d.groups[0] in STRATEGIES and d.name.startswith(d.groups[0] + "-")
+        assert declared[d.name] == d.default, d.name
 
 
 # ------------------------------------------------------------------ FedProx
@@ -154,9 +157,9 @@ def test_fedprox_over_fedgo_keeps_fedgos_pre_fl_stage(tiny_config):
 
 
 @pytest.mark.parametrize("key, value, message", [
-    ("fedprox-mu", 0.0, "must be > 0"),
-    ("fedprox-base", "fedprox", "allowed values"),
-    ("fedprox-base", "nope", "allowed values: fedavg, feddf, fedgo"),
+    ("fedprox-mu", 0.0, "is 0.0; allowed: > 0"),
+    ("fedprox-base", "fedprox", "allowed: fedavg"),
+    ("fedprox-base", "nope", "allowed: fedavg, feddf, fedgo"),
 ])
 def test_fedprox_keys_are_validated(key, value, message):
     with pytest.raises(ConfigError, match=message):
@@ -211,7 +214,7 @@ def test_fedgen_clients_learn_from_the_generated_features(tiny_config):
     from fedgo_flwr.strategies.fedgen import generated_feature_update
     cfg = tiny_config.replace(strategy="fedgen")
     grid = InProcessGrid(client_module.app, cfg.to_run_config(), 4)
-    local = Local.of(grid.nodes[1000])
+    local = Local.of(grid.nodes[1000], cfg)
     y, eps = torch.arange(10).repeat(20), torch.randn(200, 32)
     losses = []
     for with_generator in (False, True):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
-from typing import Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
@@ -23,17 +23,19 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 from torch import nn
 
-from fedgo_flwr.config import Config
 from fedgo_flwr.models import create_classifier
-from fedgo_flwr.results import RunRecord, round_line
-from fedgo_flwr.strategies.clients import (Client, ClientDirectory, Mailbox, client_seed,
-                                           config_record, discover_clients, payload_bytes,
-                                           query_nodes, reply_problem, round_seed,
-                                           sample_partitions)
-from fedgo_flwr.strategies.local import Local, config_of, reply
+from fedgo_flwr.server.record import RunRecord, round_line
+from fedgo_flwr.seeds import client_seed, round_seed
+from fedgo_flwr.server.clients import Client, ClientDirectory, config_record, discover_clients, query_nodes, sample_partitions
+from fedgo_flwr.server.mailbox import Mailbox
+from fedgo_flwr.server.replies import payload_bytes, reply_problem
+from fedgo_flwr.client_context import Local, config_of, reply
 from fedgo_flwr.strategies.registry import StrategySpec
 from fedgo_flwr.teachers import server_autocast
 from fedgo_flwr.train import evaluate, train_classifier
+
+if TYPE_CHECKING:
+    from fedgo_flwr.config import Config
 
 
 # How long a round's start waits for absent or newly connected nodes to answer a query.
@@ -138,15 +140,30 @@ class FedAvgStrategy(FedAvg):
         for t in range(first_round, self.cfg.num_server_rounds + 1):
             log(INFO, "[ROUND %d/%d]", t, self.cfg.num_server_rounds)
             self.refresh(grid, t)
-            replies = self.mailbox.send_and_receive(
-                self.configure_train(t, arrays, ConfigRecord(), grid),
-                timeout=self.cfg.round_timeout, server_round=t)
+            replies = self.exchange(self.configure_train(t, arrays, ConfigRecord(), grid),
+                                    self._sampled, f"round {t}: client training", t)
             new, _ = self.aggregate_train(t, replies)
             arrays = new if new is not None else arrays
             self.evaluate_global(t, arrays)
             if checkpoint is not None:
                 checkpoint(t, arrays)
         return arrays
+
+    def exchange(self, messages: Iterable[Message], expected: dict[int, int], what: str,
+                 server_round: int) -> list[Message]:
+        """Send and wait up to round-timeout, logging each reply by partition id as it comes
+        (`expected`: node id -> partition id)."""
+        count = 0
+
+        def arrived(reply: Message) -> None:
+            nonlocal count
+            count += 1
+            pid = expected.get(self.mailbox.node_of(reply), "?")
+            log(INFO, "%s: partition %s %s (%d/%d)", what, pid,
+                "failed" if reply.has_error() else "done", count, len(expected))
+
+        return self.mailbox.send_and_receive(messages, timeout=self.cfg.round_timeout,
+                                             server_round=server_round, arrived=arrived)
 
     def refresh(self, grid: Grid, server_round: int) -> None:
         """Before sampling: count the replies that came after their round's wait (late, never

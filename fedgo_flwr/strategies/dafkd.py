@@ -31,14 +31,15 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.common.logger import log
 from torch import nn
 
-from fedgo_flwr.config import check
-from fedgo_flwr.data import random_hflip, to_unit_range
+from fedgo_flwr.keys import NON_NEGATIVE, key
+from fedgo_flwr.batches import random_hflip, to_unit_range
 from fedgo_flwr.models import Generator
-from fedgo_flwr.results import RunRecord
+from fedgo_flwr.server.record import RunRecord
 from fedgo_flwr.strategies.base import CLIENT, ClientModel, ServerSetup, weighted_average
-from fedgo_flwr.strategies.clients import arrays_problem, client_seed, round_seed
-from fedgo_flwr.strategies.ensemble import EnsembleDistillation
-from fedgo_flwr.strategies.local import Local, config_of, reply
+from fedgo_flwr.seeds import client_seed, round_seed
+from fedgo_flwr.server.replies import arrays_problem
+from fedgo_flwr.strategies.ensemble import MARKS, READS, EnsembleDistillation
+from fedgo_flwr.client_context import Local, config_of, reply
 from fedgo_flwr.strategies.registry import StrategySpec
 from fedgo_flwr.teachers import server_autocast
 from fedgo_flwr.train import apply_in_batches, minibatch_descent
@@ -50,10 +51,9 @@ GENERATOR, HEAD = "generator", "discriminator-head"
 @dataclass(frozen=True)
 class DaFKDKeys:
     """Run-config keys dafkd-*."""
-    gan_rounds: int = 5  # rounds in which the clients also train the generator
-
-    def validate(self, cfg) -> None:
-        check("dafkd-gan-rounds", self.gan_rounds >= 0, "must be >= 0")
+    gan_rounds: int = key(5, "rounds in which the clients also train the generator (FedGO's "
+                          "latent-dim, generator-width, gan-lr); it is sent down every round",
+                          NON_NEGATIVE)
 
 
 def discriminator_head(latent_dim: int) -> nn.Module:
@@ -239,4 +239,5 @@ def domain_aware_update(message: Message, local: Local) -> Message:
     return reply(message, {"num-examples": len(local.y), **result}, **arrays)
 
 
-DAFKD = StrategySpec("dafkd", DaFKD, {**CLIENT, "train": domain_aware_update}, keys=DaFKDKeys)
+DAFKD = StrategySpec("dafkd", DaFKD, {**CLIENT, "train": domain_aware_update}, keys=DaFKDKeys,
+                     reads=(*READS, "generator"), marks=MARKS)

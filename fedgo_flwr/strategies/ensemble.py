@@ -12,7 +12,7 @@ early stopping on labelled data) overrides `distill_batches` and `distill_studen
 from __future__ import annotations
 
 import time
-from logging import WARNING
+from logging import INFO, WARNING
 
 import torch
 from flwr.common.logger import log
@@ -21,12 +21,16 @@ from fedgo_flwr.diagnostics import ensemble_diagnostics
 from fedgo_flwr.distill import (cosine_lr, distill, draw_batches, ensemble_log_probs,
                                 view_pseudo_labels)
 from fedgo_flwr.strategies.base import ClientModel, FedAvgStrategy, ServerSetup
-from fedgo_flwr.strategies.clients import round_seed
-from fedgo_flwr.results import RunRecord
+from fedgo_flwr.seeds import round_seed
+from fedgo_flwr.server.record import RunRecord
 from fedgo_flwr.teachers import teacher_logits
 from fedgo_flwr.train import accuracy_and_loss
 from fedgo_flwr.weighting import WeightRule
 
+
+# What every ensemble strategy reads and how a results table marks its departures.
+READS = ("distillation",)
+MARKS = (("ensemble-space", "logits", "probabilities"), ("distill-schedule", "cosine", "{} lr"))
 
 class EnsembleDistillation(FedAvgStrategy):
     has_ensemble = True
@@ -118,9 +122,13 @@ class EnsembleDistillation(FedAvgStrategy):
             targets = view_pseudo_labels(  # once per round, not once per epoch
                 lambda v, samples: self.view_scores(models, nets, v, samples), len(u), n_k,
                 self.weighting, batches, views=self.views, space=cfg.ensemble_space)
-            self.record.time("pseudo_labelling", time.perf_counter() - start, server_round)
+            seconds = time.perf_counter() - start
+            self.record.time("pseudo_labelling", seconds, server_round)
+            log(INFO, "round %d: pseudo-labels of %d teachers on U (%.1fs); distilling, %d "
+                "steps", server_round, len(models), seconds, len(batches))
             info = self.distill_student(server_round, student, targets, batches)
-            self.record.time("distillation", info.pop("seconds"), server_round)
+            self.record.time("distillation", info["seconds"], server_round)
+            log(INFO, "round %d: distilled (%.1fs)", server_round, info.pop("seconds"))
             entry.update(info)
 
         start = time.perf_counter()

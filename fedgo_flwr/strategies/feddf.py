@@ -18,11 +18,11 @@ from logging import INFO
 import torch
 from flwr.common.logger import log
 
-from fedgo_flwr.config import check
+from fedgo_flwr.keys import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, check, key
 from fedgo_flwr.distill import distill_early_stopping
-from fedgo_flwr.results import RunRecord
+from fedgo_flwr.server.record import RunRecord
 from fedgo_flwr.strategies.base import CLIENT, ServerSetup
-from fedgo_flwr.strategies.ensemble import EnsembleDistillation
+from fedgo_flwr.strategies.ensemble import MARKS, READS, EnsembleDistillation
 from fedgo_flwr.strategies.registry import StrategySpec
 from fedgo_flwr.weighting import uniform_weights
 
@@ -30,24 +30,22 @@ from fedgo_flwr.weighting import uniform_weights
 @dataclass(frozen=True)
 class FedDFKeys:
     """Run-config keys feddf-*: FedDF's server update as published, instead of the shared one."""
-    published: bool = False
-    steps: int = 500  # step budget (1e4 in the paper)
-    batch_size: int = 128
-    eval_every: int = 100
-    patience: int = 1000  # steps without a better validation accuracy
-    clip_norm: float = 5.0
+    published: bool = key(False, "FedDF's own server update instead of the shared one (the "
+                          "keys below; val-size labelled images)")
+    steps: int = key(500, "its step budget a round (1e4 in its paper)", NON_NEGATIVE)
+    batch_size: int = key(128, "its batch size", AT_LEAST_ONE)
+    eval_every: int = key(100, "validate every N steps", AT_LEAST_ONE)
+    patience: int = key(1000, "stop after this many steps without a better validation "
+                        "accuracy, restoring the best checkpoint", AT_LEAST_ONE)
+    clip_norm: float = key(5.0, "gradient norm clip", POSITIVE)
 
-    def validate(self, cfg) -> None:
+    def validate(self, cfg, strategies) -> None:
         check("feddf-published", not self.published or cfg.strategy == "feddf",
               f"is true, but strategy is {cfg.strategy!r}: it switches FedDF (strategy = "
               "\"feddf\") to its published server update")
         check("val-size", cfg.val_size == 0 or self.published,
               "is > 0, but only FedDF's published server update reads labelled server data: "
               "set feddf-published = true (and strategy = \"feddf\") or val-size = 0")
-        for key in ("batch-size", "eval-every", "patience"):
-            check(f"feddf-{key}", getattr(self, key.replace("-", "_")) >= 1, "must be >= 1")
-        check("feddf-steps", self.steps >= 0, "must be >= 0")
-        check("feddf-clip-norm", self.clip_norm > 0, "must be > 0")
 
 
 class FedDF(EnsembleDistillation):
@@ -81,4 +79,12 @@ class FedDF(EnsembleDistillation):
         return {**info, "distill_lr": lr}
 
 
-FEDDF = StrategySpec("feddf", FedDF, CLIENT, keys=FedDFKeys)
+def row_name(config) -> str:
+    """FedDF's published update is its own row, which says when it read labelled data."""
+    if not config.get("feddf-published"):
+        return "feddf"
+    return "feddf-published" + (" (labelled val)" if config.get("val-size") else "")
+
+
+FEDDF = StrategySpec("feddf", FedDF, CLIENT, keys=FedDFKeys, reads=READS, marks=MARKS,
+                     row_name=row_name)

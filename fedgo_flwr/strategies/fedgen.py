@@ -29,36 +29,31 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.common.logger import log
 from torch import nn
 
-from fedgo_flwr.config import check
+from fedgo_flwr.keys import AT_LEAST_ONE, FRACTION, NON_NEGATIVE, POSITIVE, key
 from fedgo_flwr.models import FeatureGenerator
-from fedgo_flwr.results import RunRecord
+from fedgo_flwr.server.record import RunRecord
 from fedgo_flwr.strategies.base import (CLIENT, ClientModel, FedAvgStrategy, ServerSetup,
                                         local_update)
-from fedgo_flwr.strategies.clients import client_seed, round_seed
-from fedgo_flwr.strategies.local import Local, config_of
+from fedgo_flwr.seeds import client_seed, round_seed
+from fedgo_flwr.client_context import Local, config_of
 from fedgo_flwr.strategies.registry import StrategySpec
 
 
 @dataclass(frozen=True)
 class FedGenKeys:
     """Run-config keys fedgen-*."""
-    generator_steps: int = 50  # server Adam steps on G_w a round
-    generator_lr: float = 3e-4
-    generator_batch_size: int = 32
-    noise_dim: int = 32
-    hidden_dim: int = 256
-    diversity_weight: float = 1.0
-    alpha: float = 10.0  # weight of the generated-feature loss at round 0 ...
-    decay: float = 0.98  # ... multiplied by this every round (also G_w's learning rate)
-
-    def validate(self, cfg) -> None:
-        for key in ("generator-batch-size", "noise-dim", "hidden-dim"):
-            check(f"fedgen-{key}", getattr(self, key.replace("-", "_")) >= 1, "must be >= 1")
-        check("fedgen-generator-steps", self.generator_steps >= 0, "must be >= 0")
-        check("fedgen-generator-lr", self.generator_lr > 0, "must be > 0")
-        check("fedgen-diversity-weight", self.diversity_weight >= 0, "must be >= 0")
-        check("fedgen-alpha", self.alpha >= 0, "must be >= 0")
-        check("fedgen-decay", 0 < self.decay <= 1, "must be in (0, 1]")
+    generator_steps: int = key(50, "the server's Adam steps on its feature generator G_w a "
+                               "round (weight decay 1e-2)", NON_NEGATIVE)
+    generator_lr: float = key(3e-4, "G_w's learning rate (times fedgen-decay a round)",
+                              POSITIVE)
+    generator_batch_size: int = key(32, "G_w's batch size", AT_LEAST_ONE)
+    noise_dim: int = key(32, "G_w's noise width", AT_LEAST_ONE)
+    hidden_dim: int = key(256, "G_w's hidden width (its output is the classifier's latent "
+                          "layer)", AT_LEAST_ONE)
+    diversity_weight: float = key(1.0, "weight of G_w's diversity term", NON_NEGATIVE)
+    alpha: float = key(10.0, "clients add alpha decay^t CE(head(G_w(y, eps)), y), y from the "
+                       "label prior", NON_NEGATIVE)
+    decay: float = key(0.98, "per-round decay of alpha and of G_w's learning rate", FRACTION)
 
 
 def diversity_loss(eps: torch.Tensor, z: torch.Tensor) -> torch.Tensor:

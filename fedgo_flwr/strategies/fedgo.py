@@ -18,11 +18,13 @@ from fedgo_flwr.gan import log_odds, train_discriminator, train_wgan_gp
 from fedgo_flwr.generator_cache import generator_description, load_generator, save_generator
 from fedgo_flwr.models import Critic, Discriminator, Generator
 from fedgo_flwr.strategies.base import CLIENT, ClientModel, ServerSetup
-from fedgo_flwr.strategies.clients import client_seed, config_record, payload_bytes
-from fedgo_flwr.strategies.ensemble import EnsembleDistillation
-from fedgo_flwr.strategies.local import Local, config_of, reply
+from fedgo_flwr.seeds import client_seed
+from fedgo_flwr.server.clients import config_record
+from fedgo_flwr.server.replies import payload_bytes
+from fedgo_flwr.strategies.ensemble import MARKS, READS, EnsembleDistillation
+from fedgo_flwr.client_context import Local, config_of, reply
 from fedgo_flwr.strategies.registry import StrategySpec
-from fedgo_flwr.results import RunRecord
+from fedgo_flwr.server.record import RunRecord
 from fedgo_flwr.weighting import weighting_rule
 
 TRAIN_DISCRIMINATOR = "train.discriminator"
@@ -106,9 +108,9 @@ class FedGO(EnsembleDistillation):
             len(expected), cfg.discriminator_epochs)
         self.record.sent("pre_fl", "down", arrays.count_bytes() * len(expected))
         start = time.perf_counter()
-        replies = self.mailbox.send_and_receive(
+        replies = self.exchange(
             [Message(content, dst_node_id=n, message_type=TRAIN_DISCRIMINATOR) for n in expected],
-            timeout=cfg.round_timeout, server_round=0)
+            expected, "pre-FL: discriminator", server_round=0)
         self.record.time("discriminator_training", time.perf_counter() - start)
         self.record.sent("pre_fl", "up", payload_bytes(replies))
         template = new_discriminator(cfg, self.setup.image_shape).state_dict()
@@ -137,11 +139,15 @@ class FedGO(EnsembleDistillation):
         start = time.perf_counter()
         dev, u = self.setup.device, self.setup.u
         self.row = {p: i for i, p in enumerate(sorted(discriminators))}
-        self.cached_u_log_odds = torch.stack([
-            torch.stack([log_odds(discriminators[p], u, device=dev, flip=v == 1)
-                         for v in range(self.views)]) for p in self.row])
-        self.cached_test_log_odds = torch.stack([
-            log_odds(discriminators[p], self.setup.test_x, device=dev) for p in self.row])
+        on_u, on_test = [], []
+        for p in self.row:
+            on_u.append(torch.stack([log_odds(discriminators[p], u, device=dev, flip=v == 1)
+                                     for v in range(self.views)]))
+            on_test.append(log_odds(discriminators[p], self.setup.test_x, device=dev))
+            log(INFO, "pre-FL: odds of partition %d on U and the test split (%d/%d)", p,
+                len(on_u), len(self.row))
+        self.cached_u_log_odds = torch.stack(on_u)
+        self.cached_test_log_odds = torch.stack(on_test)
         self.record.time("odds", time.perf_counter() - start)
         stats = phi_stats(self.cached_u_log_odds)
         self.record.data["pre_fl"]["phi_on_u"] = stats
@@ -179,4 +185,6 @@ def discriminator_update(message: Message, local: Local) -> Message:
                  discriminator=ArrayRecord(discriminator.cpu().state_dict()))
 
 
-FEDGO = StrategySpec("fedgo", FedGO, {**CLIENT, TRAIN_DISCRIMINATOR: discriminator_update})
+FEDGO = StrategySpec("fedgo", FedGO, {**CLIENT, TRAIN_DISCRIMINATOR: discriminator_update},
+                     reads=(*READS, "weighting", "generator", "pre-fl"),
+                     marks=(("weighting", "odds", "{}"), ("odds-beta", 1.0, "beta={:g}"), *MARKS))

@@ -15,24 +15,25 @@ import torch
 from flwr.app import ConfigRecord, Message
 from torch import nn
 
-from fedgo_flwr.config import check, choice
+from fedgo_flwr.client_context import Local, config_of
+from fedgo_flwr.keys import POSITIVE, choice, key
 from fedgo_flwr.strategies.base import CLIENT, local_update
-from fedgo_flwr.strategies.local import Local, config_of
 from fedgo_flwr.strategies.registry import StrategySpec
 
 
 @dataclass(frozen=True)
 class FedProxKeys:
     """Run-config keys fedprox-*."""
-    mu: float = 0.001  # the proximal coefficient
-    base: str = "fedavg"  # the strategy whose server and other client handlers FedProx uses
+    mu: float = key(0.001, "the proximal coefficient mu (tuned in FedGO's App. E.2); mu = 0 "
+                    "would be the base strategy itself", POSITIVE)
+    base: str = key("fedavg", "the strategy whose server and other client handlers FedProx "
+                    "runs under: fedavg is FedProx as published; fedgo (or feddf) gives that "
+                    "server with proximal local training")
 
-    def validate(self, cfg) -> None:
-        from fedgo_flwr.strategies import STRATEGIES
-        check("fedprox-mu", self.mu > 0, "must be > 0 (mu = 0 is the base strategy itself)")
+    def validate(self, cfg, strategies) -> None:
         # The proximal term replaces the plain ClientUpdate: it composes with the strategies
         # whose clients train as FedAvg's do (not with FedGen's own local objective).
-        choice("fedprox-base", self.base, [name for name, spec in STRATEGIES.items()
+        choice("fedprox-base", self.base, [name for name, spec in strategies.items()
                                            if spec.handlers.get("train") is CLIENT["train"]])
 
 
@@ -42,19 +43,17 @@ def proximal_term(model: nn.Module, anchor: list[torch.Tensor], mu: float) -> to
 
 
 # ---------------------------------------------------------------------------- server side
-def server(setup, record):
+def server(setup, record, base: StrategySpec):
     """The base strategy's server, with mu added to every train config."""
-    from fedgo_flwr.strategies import STRATEGIES
-    keys = setup.cfg.keys("fedprox")
-    base = STRATEGIES[keys.base].server
+    mu = setup.cfg.keys("fedprox").mu
 
-    class FedProx(base):
+    class FedProx(base.server):
         def train_config(self, server_round: int) -> ConfigRecord:
             conf = super().train_config(server_round)
-            conf["fedprox-mu"] = keys.mu
+            conf["fedprox-mu"] = mu
             return conf
 
-    FedProx.__qualname__ = f"FedProx[{base.__name__}]"
+    FedProx.__qualname__ = f"FedProx[{base.server.__name__}]"
     return FedProx(setup, record)
 
 
@@ -68,11 +67,6 @@ def proximal_update(message: Message, local: Local) -> Message:
                         extra_loss=lambda m: proximal_term(m, anchor, mu))
 
 
-def handlers(cfg):
-    from fedgo_flwr.strategies import STRATEGIES
-    base = STRATEGIES[cfg.keys("fedprox").base]
-    return {**base.client(cfg), "train": proximal_update}
-
-
-FEDPROX = StrategySpec("fedprox", server, {**CLIENT, "train": proximal_update},
-                       keys=FedProxKeys, resolve_handlers=handlers)
+# The base strategy's handlers, with the proximal ClientUpdate for `train`.
+FEDPROX = StrategySpec("fedprox", server, {"train": proximal_update}, keys=FedProxKeys,
+                       wraps="base")

@@ -1,10 +1,12 @@
 """What a strategy is to the apps: its server strategy, the client handler of every message type
-its clients answer, and the run-config keys it declares. Each method's module builds one
-`StrategySpec`; `fedgo_flwr/strategies/__init__.py` lists them. The ServerApp builds
-`spec.server(setup, record)`; the ClientApp hands each message to `spec.client(cfg)[type]`.
+its clients answer, the run-config keys it declares and the groups of shared keys it reads.
+Each method's module builds one `StrategySpec`; `fedgo_flwr/strategies/__init__.py` lists
+them. The ServerApp builds `STRATEGIES.server(setup, record)`; the ClientApp hands each message
+to `STRATEGIES.handler(cfg, type)`.
 
-Keys a strategy declares are named `<strategy>-<field>` (`fedprox-mu`), validated like every
-other key, and declared in pyproject.toml with the same default (a test keeps the two equal).
+Keys a strategy declares are named `<strategy>-<field>` (`fedprox-mu`), declared with
+`keys.key()` like every other key, and mirrored in pyproject.toml (a test keeps the two equal).
+This module never imports the config: the config validates against the registry.
 """
 
 from __future__ import annotations
@@ -16,8 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 from flwr.app import Message
 
 if TYPE_CHECKING:
-    from fedgo_flwr.config import Config
-    from fedgo_flwr.strategies.local import Local
+    from fedgo_flwr.client_context import Local
 
 Handler = Callable[[Message, "Local"], Message]
 
@@ -25,21 +26,27 @@ Handler = Callable[[Message, "Local"], Message]
 @dataclass(frozen=True)
 class StrategySpec:
     name: str
-    server: Callable  # (ServerSetup, RunRecord) -> a FedAvgStrategy
+    # (ServerSetup, RunRecord) -> a FedAvgStrategy; with `wraps`, (setup, record, base spec).
+    server: Callable
     handlers: Mapping[str, Handler] = field(default_factory=dict)  # message type -> handler
     keys: type | None = None  # a frozen dataclass; field `mu` is run-config key `<name>-mu`
-    # The handlers of one run, when they depend on its config (FedProx over another strategy).
-    resolve_handlers: Callable[["Config"], Mapping[str, Handler]] | None = None
+    # Groups of shared keys this strategy reads (config.GROUPS), besides those every strategy
+    # reads and its own keys.
+    reads: tuple[str, ...] = ()
+    # The field of `keys` that names another strategy whose server and clients this one runs
+    # under (FedProx's `base`): its handlers are laid over that strategy's, its reads added.
+    wraps: str | None = None
+    # How a results table names a run: (key, default, mark) marks a row "name[mark]" while
+    # the key differs from its default (mark formatted with the value); `row_name(config)`
+    # replaces the name itself.
+    marks: tuple[tuple[str, Any, str], ...] = ()
+    row_name: Callable[[Mapping[str, Any]], str] | None = None
 
-    def client(self, cfg: "Config") -> Mapping[str, Handler]:
-        return self.resolve_handlers(cfg) if self.resolve_handlers else self.handlers
-
-    def declared_keys(self) -> dict[str, tuple[str, Any]]:
-        """run-config key -> (field name, default) of every key this strategy declares."""
-        if self.keys is None:
-            return {}
-        return {f"{self.name}-{f.name.replace('_', '-')}": (f.name, f.default)
-                for f in dataclasses.fields(self.keys)}
+    def label(self, config: Mapping[str, Any], name: str | None = None) -> str:
+        marks = [mark.format(config[key]) for key, default, mark in self.marks
+                 if config.get(key, default) != default]
+        name = name or (self.row_name(config) if self.row_name else self.name)
+        return name + (f"[{', '.join(marks)}]" if marks else "")
 
 
 class Registry(dict):
@@ -53,6 +60,10 @@ class Registry(dict):
             if category not in ("train", "evaluate", "query") or (action and not action.isidentifier()):
                 raise ValueError(f"strategy {spec.name!r}: message type {message_type!r} must be "
                                  "train|evaluate|query, optionally followed by .<identifier>")
+        if spec.wraps and (spec.keys is None or spec.wraps not in
+                           {f.name for f in dataclasses.fields(spec.keys)}):
+            raise ValueError(f"strategy {spec.name!r} wraps the strategy its key "
+                             f"{spec.wraps!r} names, but declares no such key")
         self[spec.name] = spec
         return spec
 
@@ -60,14 +71,51 @@ class Registry(dict):
         """Every message type some registered strategy's clients answer."""
         return sorted({t for spec in self.values() for t in spec.handlers})
 
-    def declared_keys(self) -> dict[str, tuple[str, str, Any]]:
-        """run-config key -> (strategy, field name, default) over all strategies."""
-        return {key: (spec.name, name, default) for spec in self.values()
-                for key, (name, default) in spec.declared_keys().items()}
+    def base(self, name: str, keys: Mapping[str, Any]) -> StrategySpec | None:
+        """The strategy that `name` runs under (the value of its `wraps` key in `keys`, its
+        default where absent), or None."""
+        default = self.default_base(name)
+        if default is None:
+            return None
+        return self[keys.get(f"{name}-{self[name].wraps}".replace("_", "-"), default)]
 
-    def handler(self, cfg: "Config", message_type: str) -> Handler:
-        handlers = self[cfg.strategy].client(cfg)
+    def default_base(self, name: str) -> str | None:
+        spec = self[name]
+        if not spec.wraps:
+            return None
+        return next(f.default for f in dataclasses.fields(spec.keys) if f.name == spec.wraps)
+
+    def server(self, setup, record):
+        """The chosen strategy's server for this run (`setup.cfg.strategy`)."""
+        cfg = setup.cfg
+        spec, base = self[cfg.strategy], self.base(cfg.strategy, cfg.strategy_keys)
+        return spec.server(setup, record, base) if base else spec.server(setup, record)
+
+    def handlers(self, cfg) -> Mapping[str, Handler]:
+        """message type -> the chosen strategy's client handler for this run."""
+        spec, base = self[cfg.strategy], self.base(cfg.strategy, cfg.strategy_keys)
+        return {**base.handlers, **spec.handlers} if base else spec.handlers
+
+    def handler(self, cfg, message_type: str) -> Handler:
+        handlers = self.handlers(cfg)
         if message_type not in handlers:
             raise RuntimeError(f"strategy {cfg.strategy!r} has no client handler for message "
                                f"type {message_type!r}; it answers {sorted(handlers)}")
         return handlers[message_type]
+
+    def reads(self, name: str, strategy_keys: Mapping[str, Any]) -> set[str]:
+        """The groups of keys strategy `name` reads in a run: its own group, what it names,
+        and, when it wraps another strategy, what that one reads."""
+        spec, base = self[name], self.base(name, strategy_keys)
+        return {name, *spec.reads, *(self.reads(base.name, strategy_keys) if base else ())}
+
+    def label(self, config: Mapping[str, Any]) -> str:
+        """A results table's name for a run of this config: the strategy ("<base>+<strategy>"
+        when it runs under another than its default base, as FedGO's server with FedProx's
+        clients), marked with what departs from the defaults."""
+        spec = self[config["strategy"]]
+        base = self.base(spec.name, config)
+        if base is None:
+            return spec.label(config)
+        own = base.name == self.default_base(spec.name)
+        return base.label(config, name=spec.name if own else f"{base.name}+{spec.name}")

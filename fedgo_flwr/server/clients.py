@@ -1,4 +1,5 @@
-"""Who the clients are (partition id -> node id, n_k), and what a well-formed reply is.
+"""The server's view of its clients: who they are (partition id -> node id, n_k), how it
+finds them before the first round, and which of them a round samples.
 
 Flower node ids are random; everything the server decides (sampling, weights, records) is
 keyed by the partition id that each node reports, so one seed reproduces a run.
@@ -9,19 +10,19 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-
-import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
-from flwr.common.constant import ErrorCode
-from flwr.common.logger import log
-from flwr.serverapp import Grid
 from logging import INFO, WARNING
 
+import torch
+from flwr.app import ConfigRecord, Message, RecordDict
+from flwr.common.logger import log
+
+from fedgo_flwr.server.mailbox import NO_ANSWER, Mailbox
+
 QUERY_INFO = "query"
-# Error replies the SuperLink makes itself (the node went away, or the message expired): the
-# node did not answer, nothing is known about its partition.
-NO_ANSWER = frozenset({ErrorCode.NODE_UNAVAILABLE, ErrorCode.MESSAGE_UNAVAILABLE,
-                       ErrorCode.REPLY_MESSAGE_UNAVAILABLE})
+# A round trains at least two clients (as Flower's own strategies do, min_train_nodes = 2):
+# with Flower's default federation of 2 SuperNodes, C = 0.4 would otherwise train one, and an
+# ensemble of one model is no ensemble.
+MIN_CLIENTS = 2
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,8 @@ def discover_clients(mailbox: Mailbox, timeout: float, poll: float = 2.0,
             log(WARNING, "%s; going on with the %d that did", what, len(clients))
             break
         time.sleep(poll)
-    log(INFO, "%d clients: n_k = %s", len(clients), [c.num_examples for c in clients.values()])
+    log(INFO, "%d clients, n_k by partition id: %s", len(clients),
+        ", ".join(f"{p}: {clients[p].num_examples}" for p in sorted(clients)))
     return ClientDirectory(list(clients.values()), num_partitions)
 
 
@@ -138,119 +140,16 @@ def query_nodes(mailbox: Mailbox, nodes: list[int], timeout: float,
     return answers
 
 
-class Mailbox:
-    """Grid.send_and_receive that attributes each reply to the node it answers for and, for
-    a round, keeps the ids of the messages its wait left unanswered, so a reply that arrives
-    after its round's wait ended is still seen, as late, when the next round starts (and never
-    used)."""
-
-    def __init__(self, grid: Grid, poll: float = 1.0):
-        self.grid, self.poll = grid, poll
-        self.pending: dict[str, tuple[int, int]] = {}  # message id -> (node id, round)
-        self.destination: dict[str, int] = {}  # message id -> node, of the last wait's messages
-
-    def node_of(self, reply: Message) -> int:
-        """The node a reply answers for: an error reply the SuperLink makes for a node that
-        went offline comes from the SuperLink itself."""
-        return self.destination.get(reply.metadata.reply_to_message_id,
-                                    reply.metadata.src_node_id)
-
-    def send_and_receive(self, messages: list[Message], timeout: float,
-                         server_round: int | None = None) -> list[Message]:
-        messages = list(messages)
-        waiting = dict(zip(self.grid.push_messages(messages), (m.metadata.dst_node_id
-                                                                 for m in messages)))
-        self.destination = dict(waiting)  # its replies are attributed before the next wait
-        deadline, replies = time.monotonic() + timeout, []
-        while waiting:
-            got = list(self.grid.pull_messages(list(waiting)))
-            for reply in got:
-                waiting.pop(reply.metadata.reply_to_message_id, None)
-            replies += got
-            if not waiting or time.monotonic() >= deadline:
-                break
-            time.sleep(self.poll)
-        if server_round is not None:
-            self.pending.update({mid: (node, server_round) for mid, node in waiting.items()})
-        return replies
-
-    def late_replies(self) -> list[tuple[int, int]]:
-        """(node id, round) of each reply that came after its wait ended, since last asked."""
-        if not self.pending:
-            return []
-        late = []
-        for reply in self.grid.pull_messages(list(self.pending)):
-            sent = self.pending.pop(reply.metadata.reply_to_message_id, None)
-            if sent is not None and not reply.has_error():
-                late.append(sent)
-        return late
-
 
 def sample_partitions(partition_ids: list[int], fraction: float, seed: int,
                       server_round: int, absent: frozenset[int] = frozenset()) -> list[int]:
-    """A_t: floor(C * K) partitions (at least one), drawn by (seed, round) alone from those
-    not `absent` (all of them but the absent ones when fewer are left)."""
-    m = max(1, math.floor(fraction * len(partition_ids)))
+    """A_t: floor(C * K) partitions (at least MIN_CLIENTS), drawn by (seed, round) alone from
+    those not `absent` (all of them but the absent ones when fewer are left)."""
+    m = max(MIN_CLIENTS, math.floor(fraction * len(partition_ids)))
     present = [p for p in partition_ids if p not in absent]
     rng = torch.Generator().manual_seed(seed * 100_003 + server_round)
     pick = torch.randperm(len(present), generator=rng)[:m]
     return sorted(present[i] for i in pick.tolist())
-
-
-def reply_problem(reply: Message, array_key: str, template: dict[str, torch.Tensor]) -> str | None:
-    """Why a train reply cannot be used, or None: it must carry `array_key` with exactly the
-    template's tensor names and shapes, all finite, and metrics with num-examples > 0."""
-    if reply.has_error():
-        return f"error reply: {reply.error.reason}"
-    why = arrays_problem(reply, array_key, template)
-    if why:
-        return why
-    metrics = reply.content.metric_records.get("metrics")
-    n = metrics.get("num-examples") if isinstance(metrics, MetricRecord) else None
-    if not isinstance(n, (int, float)) or not n > 0:
-        return f"num-examples missing or not positive ({n!r})"
-    return None
-
-
-def arrays_problem(reply: Message, array_key: str,
-                   template: dict[str, torch.Tensor]) -> str | None:
-    """Why the reply's ArrayRecord `array_key` does not fit `template` (names, shapes, finite
-    values), or None."""
-    arrays = reply.content.array_records.get(array_key)
-    if not isinstance(arrays, ArrayRecord):
-        return f"no ArrayRecord '{array_key}'"
-    if set(arrays) != set(template):
-        return (f"'{array_key}': tensor names differ from the model's "
-                f"({sorted(set(arrays) ^ set(template))[:3]}...)")
-    for name, ref in template.items():
-        if tuple(arrays[name].shape) != tuple(ref.shape):
-            return f"tensor '{name}' has shape {arrays[name].shape}, expected {tuple(ref.shape)}"
-        if ref.is_floating_point() and not torch.isfinite(torch.from_numpy(arrays[name].numpy())).all():
-            return f"tensor '{name}' has non-finite values"
-    return None
-
-
-def payload_bytes(contents: list[Message | RecordDict]) -> int:
-    """Bytes of every ArrayRecord in these messages (error replies carry none) or contents;
-    replies are counted as they arrived, before any is checked."""
-    total = 0
-    for item in contents:
-        if isinstance(item, Message):
-            if item.has_error():
-                continue
-            item = item.content
-        total += sum(a.count_bytes() for a in item.array_records.values())
-    return total
-
-
-def round_seed(seed: int, server_round: int) -> int:
-    """The seed of one round's client training and distillation batches."""
-    return seed * 1_000 + server_round
-
-
-def client_seed(stage_seed: int, partition_id: int) -> int:
-    """The server's seed for a stage or round, made distinct per client."""
-    return stage_seed * 1_000 + partition_id
 
 
 def config_record(**values) -> ConfigRecord:

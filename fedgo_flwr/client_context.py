@@ -1,23 +1,27 @@
-"""What a client handler sees: the run's config and this node's partition S_k; and how it
-replies. Handlers are `handler(message, local) -> reply`, registered with their strategy."""
+"""The client side: what a client handler sees (the run's config and this node's partition
+S_k) and how it replies. Handlers are `handler(message, local) -> reply`, registered with their
+strategy; the ClientApp builds the `Local` of each message."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from torch import nn
 
-from fedgo_flwr.config import Config
 from fedgo_flwr.data import client_data, load_dataset
 from fedgo_flwr.models import create_classifier
 from fedgo_flwr.train import resolve_device
 
+if TYPE_CHECKING:
+    from fedgo_flwr.config import Config
+
 
 @dataclass
 class Local:
-    cfg: Config
+    cfg: "Config"
     partition_id: int
     num_partitions: int
     x: torch.Tensor  # uint8 images of S_k
@@ -26,8 +30,8 @@ class Local:
     device: torch.device
 
     @classmethod
-    def of(cls, context: Context) -> "Local":
-        cfg = Config.from_run_config(context.run_config)
+    def of(cls, context: Context, cfg: "Config") -> "Local":
+        """This node's view of the run `cfg` (built from `context.run_config`)."""
         try:
             pid = int(context.node_config["partition-id"])
             k = int(context.node_config["num-partitions"])

@@ -1,0 +1,53 @@
+"""What a well-formed client reply is, and what it weighs: every reply is checked before
+any aggregation reads it (a malformed one is rejected with its reason, never averaged)."""
+
+from __future__ import annotations
+
+import torch
+from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
+
+
+def reply_problem(reply: Message, array_key: str, template: dict[str, torch.Tensor]) -> str | None:
+    """Why a train reply cannot be used, or None: it must carry `array_key` with exactly the
+    template's tensor names and shapes, all finite, and metrics with num-examples > 0."""
+    if reply.has_error():
+        return f"error reply: {reply.error.reason}"
+    why = arrays_problem(reply, array_key, template)
+    if why:
+        return why
+    metrics = reply.content.metric_records.get("metrics")
+    n = metrics.get("num-examples") if isinstance(metrics, MetricRecord) else None
+    if not isinstance(n, (int, float)) or not n > 0:
+        return f"num-examples missing or not positive ({n!r})"
+    return None
+
+
+def arrays_problem(reply: Message, array_key: str,
+                   template: dict[str, torch.Tensor]) -> str | None:
+    """Why the reply's ArrayRecord `array_key` does not fit `template` (names, shapes, finite
+    values), or None."""
+    arrays = reply.content.array_records.get(array_key)
+    if not isinstance(arrays, ArrayRecord):
+        return f"no ArrayRecord '{array_key}'"
+    if set(arrays) != set(template):
+        return (f"'{array_key}': tensor names differ from the model's "
+                f"({sorted(set(arrays) ^ set(template))[:3]}...)")
+    for name, ref in template.items():
+        if tuple(arrays[name].shape) != tuple(ref.shape):
+            return f"tensor '{name}' has shape {arrays[name].shape}, expected {tuple(ref.shape)}"
+        if ref.is_floating_point() and not torch.isfinite(torch.from_numpy(arrays[name].numpy())).all():
+            return f"tensor '{name}' has non-finite values"
+    return None
+
+
+def payload_bytes(contents: list[Message | RecordDict]) -> int:
+    """Bytes of every ArrayRecord in these messages (error replies carry none) or contents;
+    replies are counted as they arrived, before any is checked."""
+    total = 0
+    for item in contents:
+        if isinstance(item, Message):
+            if item.has_error():
+                continue
+            item = item.content
+        total += sum(a.count_bytes() for a in item.array_records.values())
+    return total

@@ -1,0 +1,115 @@
+"""The library's imports: no circle among its modules (a registry never imports the config
+that validates against it), and the library needs neither the harness nor its plotting and
+plan-file dependencies."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("fedgo_flwr", "server_app", "client_app")
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: Path, known: set[str]) -> set[str]:
+    """The package modules `path` imports, at any depth of its code (a lazy import inside a
+    function is an import too), except under `if TYPE_CHECKING:` (annotations only)."""
+    tree = ast.parse(path.read_text())
+    skip = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+            and getattr(node.test, "id", getattr(node.test, "attr", "")) == "TYPE_CHECKING"
+            for child in node.body for n in ast.walk(child)}
+    found = set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+            found.update(f"{node.module}.{a.name}" for a in node.names)
+    return {m for m in found if m in known}
+
+
+def graph() -> dict[str, set[str]]:
+    files = {module_name(p): p for pkg in PACKAGES for p in (REPO / pkg).rglob("*.py")}
+    edges = {}
+    for name, path in files.items():
+        targets = imports(path, set(files))
+        # Importing a module runs its parent packages' __init__ first, unless the importer
+        # lives inside that package (then the package is already being imported).
+        for t in list(targets):
+            parts = t.split(".")
+            for i in range(1, len(parts)):
+                parent = ".".join(parts[:i])
+                if parent in files and not name.startswith(parent + ".") and name != parent:
+                    targets.add(parent)
+        edges[name] = targets - {name}
+    return edges
+
+
+def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(edges):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_the_library_has_no_import_circle():
+    edges = graph()
+    assert edges["fedgo_flwr.config"] >= {"fedgo_flwr.strategies", "fedgo_flwr.data"}
+    cycle = find_cycle(edges)
+    assert cycle is None, " -> ".join(cycle)
+
+
+def test_the_circle_check_finds_a_circle(tmp_path):
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+    lazy = tmp_path / "m.py"  # an import inside a function counts; TYPE_CHECKING does not
+    lazy.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import x.a\n"
+                    "def f():\n    import x.b\n")
+    assert imports(lazy, {"x.a", "x.b"}) == {"x.b"}
+
+
+def test_the_registries_never_import_the_config():
+    edges = graph()
+    for registry in ("fedgo_flwr.strategies", "fedgo_flwr.data", "fedgo_flwr.models",
+                     "fedgo_flwr.weighting", "fedgo_flwr.keys"):
+        reach, todo = set(), [registry]
+        while todo:
+            for nxt in edges[todo.pop()] - reach:
+                reach.add(nxt)
+                todo.append(nxt)
+        assert "fedgo_flwr.config" not in reach, registry
+
+
+def test_the_library_imports_without_the_harness_dependencies():
+    """Every library module imports with matplotlib and yaml unavailable."""
+    names = sorted(n for n in graph() if n.startswith("fedgo_flwr"))
+    code = ("import sys\nfor m in ('matplotlib', 'yaml', 'fedgo_lab'): sys.modules[m] = None\n"
+            "import importlib\n" + "".join(f"importlib.import_module({n!r})\n" for n in names))
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
