@@ -72,6 +72,10 @@ class Declared:
     def kind(self) -> type:
         return type(self.default)
 
+    @property
+    def allowed_text(self) -> str:
+        return self.allowed.text if self.allowed is not None else KINDS[self.kind]
+
 
 def declared(cls: type, prefix: str = "") -> list[Declared]:
     """The keys a dataclass declares (with `key()`, or plain fields: no meaning, no check), in
@@ -101,6 +105,10 @@ def not_allowed(name: str, value: Any, allowed: str) -> str:
     return f"run-config key '{name}' is {value!r}; allowed: {allowed}"
 
 
+# What a value of each kind is called in messages and in the reference.
+KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+
+
 def coerce(name: str, value: Any, kind: type) -> Any:
     """Flower gives TOML values; an int where a float is declared is fine, not the reverse."""
     if kind is bool:
@@ -115,7 +123,7 @@ def coerce(name: str, value: Any, kind: type) -> Any:
     elif kind is str:
         if isinstance(value, str):
             return value
-    raise ConfigError(f"run-config key '{name}' is {value!r}; allowed: a {kind.__name__}")
+    raise ConfigError(not_allowed(name, value, KINDS[kind]))
 
 
 def choice(name: str, value: str, allowed: Iterable[str]) -> None:

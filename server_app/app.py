@@ -3,6 +3,7 @@ each checkpointed -> record and table."""
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime, timezone
 from logging import INFO, WARNING
 from pathlib import Path
@@ -21,6 +22,23 @@ from fedgo_flwr.strategies import STRATEGIES, ServerSetup
 from fedgo_flwr.train import resolve_device
 
 app = ServerApp()
+
+
+class BadValueInOneLine(logging.Filter):
+    """Flower logs whatever ends a ServerApp with its traceback. A bad run-config value is the
+    user's input, not a defect: one line names the key, the value and what is allowed (the
+    run still ends finished:failed, with that line as its details)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, ConfigError):
+            record.msg, record.args, record.exc_info = "bad run config: %s", (error,), None
+        return True
+
+
+_flwr_logger = logging.getLogger("flwr")
+if not any(isinstance(f, BadValueInOneLine) for f in _flwr_logger.filters):
+    _flwr_logger.addFilter(BadValueInOneLine())
 
 
 @app.main()

@@ -16,6 +16,7 @@ import torch
 
 from fedgo_flwr.data.fmnist import load_fmnist
 from fedgo_flwr.data.split import dirichlet_partitions, server_client_split
+from fedgo_flwr.keys import ConfigError
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,7 @@ def validation_indices(cfg) -> np.ndarray:
     _, server = split_indices(cfg.dataset, cfg.data_path, cfg.seed)
     rest = np.setdiff1d(server, distillation_indices(cfg))
     if cfg.val_size > len(rest):
-        raise ValueError(f"run-config key 'val-size' is {cfg.val_size}, but only {len(rest)} "
+        raise ConfigError(f"run-config key 'val-size' is {cfg.val_size}, but only {len(rest)} "
                          "server images lie outside the distillation set; lower 'val-size' or "
                          "'distill-size'")
     return np.sort(np.random.default_rng(cfg.seed + 1).choice(rest, cfg.val_size, replace=False))

@@ -3,6 +3,8 @@ the pool is divided among K clients by Dirichlet(alpha) through flwr-datasets.""
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 from datasets import Dataset
 from flwr_datasets.partitioner import DirichletPartitioner
@@ -35,8 +37,13 @@ def dirichlet_partitions(labels: np.ndarray, num_partitions: int, alpha: float,
     rows = Dataset.from_dict({"label": labels.astype(np.int64), "row": np.arange(len(labels))})
     partitioner.dataset = rows
     try:
-        return [np.asarray(partitioner.load_partition(k)["row"], dtype=np.int64)
-                for k in range(num_partitions)]
+        with warnings.catch_warnings():
+            # It redraws while a share is below min_size and warns at every redraw; the
+            # redraws are what we ask of it (and fix the partitions), so they are not news.
+            warnings.filterwarnings("ignore", "The specified min_partition_size",
+                                    UserWarning)
+            return [np.asarray(partitioner.load_partition(k)["row"], dtype=np.int64)
+                    for k in range(num_partitions)]
     except ValueError as err:  # it gives up after 10 Dirichlet draws with a too-small share
         raise ValueError(
             f"Dirichlet(alpha={alpha}) could not give each of {num_partitions} clients at "

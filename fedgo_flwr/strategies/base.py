@@ -26,7 +26,8 @@ from torch import nn
 from fedgo_flwr.models import create_classifier
 from fedgo_flwr.server.record import RunRecord, round_line
 from fedgo_flwr.seeds import client_seed, round_seed
-from fedgo_flwr.server.clients import Client, ClientDirectory, config_record, discover_clients, query_nodes, sample_partitions
+from fedgo_flwr.server.clients import (MIN_CLIENTS, Client, ClientDirectory, config_record,
+                                       discover_clients, query_nodes, sample_partitions)
 from fedgo_flwr.server.mailbox import Mailbox
 from fedgo_flwr.server.replies import payload_bytes, reply_problem
 from fedgo_flwr.client_context import Local, config_of, reply
@@ -98,8 +99,11 @@ class FedAvgStrategy(FedAvg):
 
     def __init__(self, setup: ServerSetup, record: RunRecord):
         cfg = setup.cfg
-        super().__init__(fraction_train=cfg.fraction_train, fraction_evaluate=0.0,
-                         min_train_nodes=1, min_available_nodes=1)
+        super().__init__(fraction_train=cfg.fraction_train, min_train_nodes=MIN_CLIENTS,
+                         min_available_nodes=1)
+        # No federated evaluation: `run` below never asks clients to evaluate. (Said after the
+        # constructor, which would warn about skipping a step of a loop we do not run.)
+        self.fraction_evaluate, self.min_evaluate_nodes = 0.0, 0
         self.setup, self.cfg, self.record = setup, cfg, record
         self.clients: ClientDirectory | None = None
         self.mailbox: Mailbox | None = None
