@@ -18,8 +18,16 @@ export FLWR_LOCAL_CONTROL_API_PORT="${FLWR_LOCAL_CONTROL_API_PORT:-$(free_port)}
 export FLWR_LOCAL_SUPERLINK_HTTP_API_PORT="${FLWR_LOCAL_SUPERLINK_HTTP_API_PORT:-$(free_port)}"
 stop_superlink() {
   for pid in $(pgrep -f "flower-superlink.*$FLWR_HOME" || true); do
+    # The SuperLink's SuperExec runs in a session of its own, and the simulation and Ray's
+    # processes keep its process group even once orphaned: stop that group too, or Ray's
+    # agents linger for minutes after a stopped run (Ctrl-C here, or `flwr stop`).
+    groups=$(for c in $(pgrep -P "$pid" -f flower-superexec || true); do
+               ps -o pgid= -p "$c" | tr -d ' '; done)
     kill "$pid" 2>/dev/null || continue
     for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+    for g in $groups; do kill -TERM -- "-$g" 2>/dev/null || true; done
+    [ -z "$groups" ] || sleep 3
+    for g in $groups; do kill -KILL -- "-$g" 2>/dev/null || true; done
   done
 }
 trap stop_superlink EXIT
