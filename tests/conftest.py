@@ -64,3 +64,29 @@ def tiny_config(tiny_data_dir, tmp_path):
 import torch  # noqa: E402
 
 torch.set_num_threads(1)
+
+
+# ---------------------------------------------------------------------------- test tiers
+# unit: functions and modules; app: whole apps in process (the in-process grid, no Ray); e2e:
+# real `flwr run`s, SuperLinks and SuperNodes as processes. `pytest -m "not e2e"` is the quick
+# loop. A test module says its tier with `pytestmark`, or is listed here.
+TIERS = {
+    "unit": {"test_config", "test_data", "test_distill", "test_generator_cache", "test_models",
+             "test_weighting", "test_toy", "test_results", "test_bench", "test_packaging",
+             "test_teachers"},
+    "app": {"test_server", "test_strategies", "test_feddf", "test_resilience",
+            "test_client_app", "test_diagnostics"},
+    "e2e": {"test_flwr_run", "test_deploy"},
+}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if any(item.get_closest_marker(tier) for tier in TIERS):
+            continue
+        module = item.module.__name__.rsplit(".", 1)[-1]
+        tier = next((t for t, modules in TIERS.items() if module in modules), None)
+        if tier is None:
+            raise pytest.UsageError(f"{item.nodeid}: no test tier; set pytestmark = "
+                                    f"pytest.mark.<{'|'.join(TIERS)}> in its module")
+        item.add_marker(tier)
