@@ -55,7 +55,7 @@ def teacher_logits(nets: list[nn.Module], x: torch.Tensor, *, device: torch.devi
     """f(x; theta_k) of every net, [K, N, C]. By default stacked on a GPU, where one forward
     replaces K small kernel launches per layer, and model by model on the CPU, where the work
     is compute-bound and the stacked (grouped) convolutions measured slower; `python -m
-    fedgo_flwr.perf` prints both on the machine at hand."""
+    fedgo_lab.perf` prints both on the machine at hand."""
     if not nets:
         raise ValueError("teacher_logits needs at least one model")
     if stacked is None:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Sets up .venv with the project and its test tools, and the offline Fashion-MNIST where
-# Debian's package can be installed (elsewhere torchvision downloads it on first use).
+# Sets up .venv with the project, its test tools and the harness's dependencies (plots, plan
+# files: the `lab` extra), and the offline Fashion-MNIST where Debian's package can be
+# installed (elsewhere torchvision downloads it on first use).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -10,7 +11,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 echo "[setup] installing fedgo-flwr and its dependencies (torch, flwr[simulation], ...)"
 # pip, not uv: this machine's local wheel store (torch 2.14.1) is only seen by pip.
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[dev]' 2>&1 \
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[dev,lab]' 2>&1 \
     | { grep -v "is ignored: it is neither a file nor a directory" || true; }
 
 if [ ! -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then

@@ -4,14 +4,21 @@ import tomllib
 import pytest
 import yaml
 
-from fedgo_flwr.bench import PlanError, cells_of, finished, load_plan, main, toml_text
+from conftest import REPO
 from fedgo_flwr.config import Config
+from fedgo_lab import bench
+from fedgo_lab.bench import PlanError, cells_of, finished, load_plan, toml_text
 
 PLAN = {"name": "t", "preset": "conf/fmnist-fair.toml", "config": {"num-server-rounds": 3},
         "federation": {"num-supernodes": 20}, "alphas": [0.1, 0.05], "seeds": [0, 1],
         "cells": ["fedavg", {"strategy": "fedgo", "weighting": "uniform"},
                   {"name": "feddf-es", "preset": "conf/feddf-published.toml",
                    "num-server-rounds": 4}]}
+
+
+def main(argv: list[str]) -> int:
+    """The bench command, on this repository's presets wherever pytest runs."""
+    return bench.main([*argv, "--repo", str(REPO)])
 
 
 def write_plan(tmp_path, **changes):
@@ -21,7 +28,7 @@ def write_plan(tmp_path, **changes):
 
 
 def test_cells_cover_the_grid_with_preset_config_and_cell_keys_layered(tmp_path):
-    cells = cells_of(load_plan(write_plan(tmp_path)), tmp_path)
+    cells = cells_of(load_plan(write_plan(tmp_path)), tmp_path, REPO)
     assert len(cells) == 3 * 2 * 2
     by_name = {c.run_name: c.run_config for c in cells}
     fedavg = by_name["fedavg-a0.05-s1"]
@@ -47,14 +54,14 @@ def test_cells_cover_the_grid_with_preset_config_and_cell_keys_layered(tmp_path)
 ])
 def test_bad_plans_fail_before_anything_runs(tmp_path, capsys, changes, needle):
     with pytest.raises(PlanError) as err:
-        cells_of(load_plan(write_plan(tmp_path, **changes)), tmp_path)
+        cells_of(load_plan(write_plan(tmp_path, **changes)), tmp_path, REPO)
     assert needle in str(err.value)
     assert main([str(write_plan(tmp_path, **changes)), "--out", str(tmp_path)]) == 2
     assert needle in capsys.readouterr().err
 
 
 def test_finished_cells_are_skipped_and_stale_records_refused(tmp_path, capsys):
-    cells = cells_of(load_plan(write_plan(tmp_path)), tmp_path / "elsewhere")
+    cells = cells_of(load_plan(write_plan(tmp_path)), tmp_path / "elsewhere", REPO)
     cell = cells[0]
     assert not finished(cell, tmp_path)
     (tmp_path / cell.run_name).mkdir()
@@ -68,7 +75,7 @@ def test_finished_cells_are_skipped_and_stale_records_refused(tmp_path, capsys):
     assert finished(cell, tmp_path)  # ... is the same run while the key keeps its default
     cells = cells_of(load_plan(write_plan(tmp_path, config={"num-server-rounds": 3,
                                                             "fedprox-mu": 0.01})),
-                     tmp_path / "elsewhere")
+                     tmp_path / "elsewhere", REPO)
     with pytest.raises(PlanError, match=r"another config \(keys \['fedprox-mu'\]\)"):
         finished(cells[0], tmp_path)
     record["config"]["local-epochs"] = 5
@@ -79,10 +86,9 @@ def test_finished_cells_are_skipped_and_stale_records_refused(tmp_path, capsys):
 
 def test_max_minutes_starts_no_run_after_the_budget(tmp_path, monkeypatch, capsys):
     import time
-    from fedgo_flwr import bench
     started = []
 
-    def fake_run(cell, federation, out, tag):
+    def fake_run(cell, federation, out, tag, repo):
         started.append(cell.run_name)
         time.sleep(0.2)
 
@@ -95,15 +101,14 @@ def test_max_minutes_starts_no_run_after_the_budget(tmp_path, monkeypatch, capsy
 
 def test_a_run_expected_to_overrun_the_budget_waits_and_shorter_ones_go_ahead(
         tmp_path, monkeypatch, capsys):
-    from fedgo_flwr import bench
-    from fedgo_flwr.bench import expected_seconds, kind
+    from fedgo_lab.bench import expected_seconds, kind
     assert [kind(n) for n in ("fedgo-a0.1-s2", "feddf-published-a0.05-s0", "central-s1")] == \
         ["fedgo", "feddf-published", "central"]
     started = []
     monkeypatch.setattr(bench, "run_cell", lambda cell, *_: started.append(cell.run_name))
     out = tmp_path / "out"
     plan = write_plan(tmp_path, cells=["fedavg", "fedgo"], alphas=[0.1], seeds=[0, 1])
-    cells = cells_of(load_plan(plan), out)
+    cells = cells_of(load_plan(plan), out, REPO)
     for name, wall, made in (("fedavg-a0.1-s0", 300.0, "2026-11-23T10:00:00+00:00"),
                              ("fedgo-a0.1-s0", 1500.0, "2026-11-23T10:00:00+00:00"),
                              ("fedavg-a0.1-s1", 900.0, "2026-11-22T10:00:00+00:00")):
@@ -126,7 +131,6 @@ def test_a_run_expected_to_overrun_the_budget_waits_and_shorter_ones_go_ahead(
 def test_a_run_of_a_new_cell_sets_the_expectation_for_the_next_of_its_kind(
         tmp_path, monkeypatch, capsys):
     import time
-    from fedgo_flwr import bench
     clock, started = [0.0], []
 
     def ten_minute_run(cell, *_):
@@ -144,10 +148,10 @@ def test_a_run_of_a_new_cell_sets_the_expectation_for_the_next_of_its_kind(
 
 
 def test_central_reference_one_run_per_seed_in_every_alphas_table(tiny_config, tmp_path):
-    from fedgo_flwr.central import train_central
-    from fedgo_flwr.report import summary_table
+    from fedgo_lab.central import train_central
+    from fedgo_lab.report import summary_table
     plan = load_plan(write_plan(tmp_path, central=2))
-    cells = cells_of(plan, tmp_path)
+    cells = cells_of(plan, tmp_path, REPO)
     central = [c for c in cells if c.central is not None]
     assert [c.run_name for c in central] == ["central-s0", "central-s1"]
     assert central[0].run_config["central-epochs"] == 2
@@ -161,7 +165,7 @@ def test_central_reference_one_run_per_seed_in_every_alphas_table(tiny_config, t
                                                                 "alpha": 0.05}}]).splitlines()[2:]
     central_rows = [r for r in rows if r.startswith("| central")]
     assert len(central_rows) == 2 and central_rows[0].endswith("| - |")
-    from fedgo_flwr.report import plot_rounds  # the reference is drawn as a level line
+    from fedgo_lab.report import plot_rounds  # the reference is drawn as a level line
     png = plot_rounds([record, fedavg], tmp_path / "with-central.png")
     assert png.read_bytes()[:4] == b"\x89PNG"
 
@@ -172,10 +176,9 @@ def test_central_must_be_a_number_of_epochs(tmp_path):
 
 
 def test_shipped_plans_and_presets_are_valid(tmp_path):
-    from conftest import REPO
     plans = sorted((REPO / "conf" / "bench").glob("*.yaml"))
     assert plans
     for plan in plans:
-        assert cells_of(load_plan(plan), tmp_path), plan
+        assert cells_of(load_plan(plan), tmp_path, REPO), plan
     for preset in sorted((REPO / "conf").glob("*.toml")):
         Config.from_run_config(tomllib.loads(preset.read_text()))

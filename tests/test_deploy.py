@@ -1,5 +1,5 @@
 """A real deployment on loopback: a SuperLink and 3 SuperNodes as separate processes, TLS with
-certificates made by fedgo_flwr.deploy, SuperNode authentication with registered keys; the
+certificates made by fedgo_lab.deploy, SuperNode authentication with registered keys; the
 FedGO app for 2 rounds through `flwr run`; every process stopped by PID afterwards."""
 
 import ipaddress
@@ -16,7 +16,7 @@ import pytest
 from cryptography import x509
 
 from conftest import REPO
-from fedgo_flwr import deploy
+from fedgo_lab import deploy
 
 
 def _free_port_block(size: int) -> int:

@@ -64,8 +64,8 @@ def test_sweep_round_one_is_the_runs_round_one(tiny_config, tmp_path):
     its odds and uniform ensembles equal a real run's diagnostics. Its generator and
     discriminator snapshots equal shorter trainings (the 1-step G and 1-epoch D of the run)."""
     from client_app.app import app as client_app
-    from fedgo_flwr.inprocess import InProcessGrid
-    from fedgo_flwr.sweep import sweep
+    from fedgo_lab.inprocess import InProcessGrid
+    from fedgo_lab.sweep import sweep
     from server_app.app import run
 
     cfg = tiny_config.replace(num_server_rounds=1, diagnostics=True, generator_steps=1,

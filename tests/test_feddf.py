@@ -10,7 +10,7 @@ from conftest import tiny_images
 from fedgo_flwr.data import client_indices, distillation_indices, validation_indices
 from fedgo_flwr.distill import distill_early_stopping, draw_batches
 from fedgo_flwr.train import evaluate
-from fedgo_flwr.inprocess import InProcessGrid
+from fedgo_lab.inprocess import InProcessGrid
 from server_app.app import run
 
 CPU = torch.device("cpu")
@@ -118,7 +118,7 @@ def test_feddf_published_uses_its_step_budget_and_labelled_data(tiny_config):
 
 
 def test_labels_name_what_departs_from_the_paper():
-    from fedgo_flwr.report import label
+    from fedgo_lab.report import label
     rec = lambda **c: {"config": {"strategy": "fedgo", **c}}
     assert label(rec()) == "fedgo"
     assert label(rec(**{"odds-beta": 4.0, "ensemble-space": "probabilities"})) == \

@@ -16,7 +16,7 @@ import torch
 import yaml
 
 from conftest import REPO
-from fedgo_flwr import bench
+from fedgo_lab import bench
 
 
 def _free_port() -> int:
@@ -191,7 +191,7 @@ def test_bench_plan_runs_every_cell_resumes_and_reports(tiny_data_dir, tmp_path,
                    "fraction-train": 0.5, "test-size": 0},
         "alphas": [0.5], "seeds": [0, 1], "cells": ["fedavg"]}))
     out = tmp_path / "bench"
-    assert bench.main([str(plan), "--out", str(out)]) == 0
+    assert bench.main([str(plan), "--out", str(out), "--repo", str(REPO)]) == 0
     printed = capsys.readouterr().out
     assert "[bench 2/2 fedavg-a0.5-s1] finished" in printed
     assert "round 2 | server acc" in printed  # the runs' progress reaches the user
@@ -204,5 +204,6 @@ def test_bench_plan_runs_every_cell_resumes_and_reports(tiny_data_dir, tmp_path,
     assert "| fedavg | 0.5 | 0,1 | 2 |" in table
     assert (out / "server_test_acc-a0.5.png").read_bytes()[:4] == b"\x89PNG"
 
-    assert bench.main([str(plan), "--out", str(out)]) == 0  # resumes: nothing left to run
+    # it resumes: nothing is left to run
+    assert bench.main([str(plan), "--out", str(out), "--repo", str(REPO)]) == 0
     assert "2 cells, 2 finished, 0 to run" in capsys.readouterr().out

@@ -82,3 +82,37 @@ def test_uv_refuses_a_python_below_flowers_floor(installed_wheels):
     """What a SuperLink met with requires-python = ">=3.10": unsatisfiable, exit code 608."""
     out = _uv_compile(REPO / "pyproject.toml", installed_wheels, "3.10")
     assert out.returncode != 0 and "flwr" in out.stderr and "requires Python >=3.11" in out.stderr
+
+
+def _app_files(repo: Path) -> list[str]:
+    """The repository's files as a checkout has them: tracked and untracked, less what git
+    ignores (results, data, virtual environments); every file when it is not a git checkout."""
+    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+                            cwd=repo, capture_output=True)
+    if listed.returncode == 0:
+        return [name for name in listed.stdout.decode().split("\0")
+                if name and (repo / name).is_file()]
+    skip = {".git", ".venv", "results", "data", "__pycache__", ".pytest_cache"}
+    return [str(p.relative_to(repo)) for p in repo.rglob("*")
+            if p.is_file() and not skip & set(p.relative_to(repo).parts)]
+
+
+def test_the_fab_holds_the_app_and_nothing_else(tmp_path):
+    """`flwr build` packs the apps, the library and the presets: no harness module, no tests,
+    scripts or docs (nor the benchmark records under docs/)."""
+    app = tmp_path / "fedgo-flwr"  # a copy: a name Flower accepts, none of this checkout's junk
+    for name in _app_files(REPO):
+        (app / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / name, app / name)
+    out = tmp_path / "out"
+    out.mkdir()
+    flwr = shutil.which("flwr", path=str(Path(sys.executable).parent)) or "flwr"
+    built = subprocess.run([flwr, "build", "--app", str(app)], cwd=out, capture_output=True,
+                           text=True, timeout=300)
+    assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
+    (fab,) = out.glob("*.fab")
+    names = zipfile.ZipFile(fab).namelist()
+    assert {"pyproject.toml", "server_app/app.py", "client_app/app.py", "fedgo_flwr/config.py",
+            "fedgo_flwr/strategies/fedgo.py", "conf/paper.toml"} <= set(names), names
+    harness = [n for n in names if n.startswith(("fedgo_lab/", "tests/", "scripts/", "docs/"))]
+    assert not harness, harness

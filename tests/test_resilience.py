@@ -10,7 +10,7 @@ import torch
 import client_app.app as client_module
 from fedgo_flwr.server import checkpoint
 from fedgo_flwr.config import ConfigError
-from fedgo_flwr.inprocess import InProcessGrid
+from fedgo_lab.inprocess import InProcessGrid
 from server_app.app import run
 
 # Each strategy with state that carries across rounds, and FedAvg.

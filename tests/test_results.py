@@ -1,5 +1,7 @@
-from fedgo_flwr.report import fedavg_target, plot_rounds, rounds_to_target, summary_table
+import pytest
+
 from fedgo_flwr.server.record import format_table, round_line
+from fedgo_lab.report import fedavg_target, plot_rounds, rounds_to_target, summary_table
 
 
 def test_table_and_progress_line_show_what_each_round_has():
@@ -31,6 +33,17 @@ def curve(strategy: str, seed: int, accs: list[float]) -> dict:
             "rounds": [{"round": t, "server_test_acc": a} for t, a in enumerate(accs)]}
 
 
+def test_rows_are_named_by_the_strategys_spec_so_a_new_strategy_needs_no_report_edit(
+        monkeypatch):
+    from fedgo_flwr.strategies import STRATEGIES, StrategySpec
+    monkeypatch.setitem(STRATEGIES, "fedtoy", StrategySpec(
+        "fedtoy", server=None, marks=(("fedtoy-steps", 5, "{} steps"),)))
+    recs = [curve("fedtoy", 0, [0.1, 0.5]), curve("fedtoy", 0, [0.1, 0.6])]
+    recs[1]["config"]["fedtoy-steps"] = 9
+    names = [line.split("|")[1].strip() for line in summary_table(recs).splitlines()[2:]]
+    assert names == ["fedtoy", "fedtoy[9 steps]"]
+
+
 def test_target_is_the_highest_multiple_of_5_fedavg_reaches_in_every_seed():
     fedavg = [curve("fedavg", 0, [0.1, 0.52, 0.68, 0.66]), curve("fedavg", 1, [0.1, 0.6, 0.651])]
     assert fedavg_target(fedavg) == 0.65
@@ -53,8 +66,32 @@ def test_plot_writes_a_png(tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_plot_of_two_alphas_has_a_panel_per_alpha_with_integer_rounds(tmp_path):
+    from fedgo_lab.report import rounds_figure
+    recs = [{"config": {"strategy": strategy, "alpha": alpha, "seed": s},
+             "rounds": [{"round": t, "server_test_acc": 0.1 * t + alpha + 0.01 * s}
+                        for t in range(3)]}
+            for strategy in ("fedavg", "fedgo") for alpha in (0.1, 0.05) for s in range(2)]
+    central = {"config": {"strategy": "central", "alpha": None, "seed": 0},
+               "rounds": [{"round": t, "server_test_acc": 0.9} for t in range(6)]}
+    fig = rounds_figure([*recs, central])
+    axes = fig.get_axes()
+    assert [ax.get_title() for ax in axes] == ["alpha = 0.05", "alpha = 0.1"]
+    for ax, alpha in zip(axes, (0.05, 0.1)):
+        assert len(ax.get_lines()) == 3  # fedavg, fedgo (one curve each) and the central level
+        assert [line.get_xdata()[-1] for line in ax.get_lines()[1:]] == [2, 2]
+        ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+        assert ticks and all(float(t).is_integer() for t in ticks), ticks
+        # this panel's curve is the mean of this alpha's two seeds only, in %
+        assert ax.get_lines()[1].get_ydata()[-1] == pytest.approx(100 * (0.2 + alpha + 0.005))
+    labels = axes[-1].get_legend().get_texts()
+    assert [t.get_text() for t in labels][1:] == ["fedavg (n=2)", "fedgo (n=2)"]
+    path = plot_rounds([*recs, central], tmp_path / "two.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_diagnostics_table_has_a_row_per_round_and_a_column_per_rule():
-    from fedgo_flwr.report import diagnostics_table
+    from fedgo_lab.report import diagnostics_table
     diag = {"logits": {"uniform": {"acc": 0.41}, "odds": {"acc": 0.474},
                        "label-oracle": {"acc": 0.948}},
             "probabilities": {"odds": {"acc": 0.655}},
@@ -74,7 +111,7 @@ def test_diagnostics_table_has_a_row_per_round_and_a_column_per_rule():
 
 
 def test_seed_differences_compare_fedgo_with_each_row_seed_by_seed():
-    from fedgo_flwr.report import seed_differences
+    from fedgo_lab.report import seed_differences
     recs = [curve("fedgo", 0, [0.1, 0.70]), curve("fedavg", 0, [0.1, 0.65]),
             curve("fedgo", 1, [0.1, 0.60]), curve("fedavg", 1, [0.1, 0.62]),
             curve("feddf", 1, [0.1, 0.58])]
@@ -92,7 +129,7 @@ def test_seed_differences_compare_fedgo_with_each_row_seed_by_seed():
 
 
 def test_gap_table_gives_the_share_of_the_odds_to_oracle_gap_each_option_closes():
-    from fedgo_flwr.report import gap_table
+    from fedgo_lab.report import gap_table
 
     def diag(odds, beta4, prob, prob4, unsquashed, oracle):
         return {"logits": {"odds": {"acc": odds}, "odds-beta4": {"acc": beta4},
@@ -109,7 +146,7 @@ def test_gap_table_gives_the_share_of_the_odds_to_oracle_gap_each_option_closes(
 
 
 def test_update_rewrites_the_report_tables_in_place_and_keeps_the_rest(tmp_path):
-    from fedgo_flwr.report import update_tables
+    from fedgo_lab.report import update_tables
     recs = [curve("fedgo", 0, [0.1, 0.70]), curve("fedavg", 0, [0.1, 0.65])]
     readme = tmp_path / "README.md"
     readme.write_text("# title\n\n| alpha | seed | fedgo (%) | fedgo − feddf |\n|---|---|---|---|\n"
@@ -119,7 +156,7 @@ def test_update_rewrites_the_report_tables_in_place_and_keeps_the_rest(tmp_path)
         "# title\n\n| alpha | seed | fedgo (%) | fedgo − fedavg |\n|---|---|---|---|\n"
         "| 0.1 | 0 | 70.0 | +5.0 |\n\ntext after\n\n| a | b | c |\n|---|---|---|\n")
     # every report table is found by its own header: made from other records, all five are redone
-    from fedgo_flwr.report import communication_table, gap_table, seed_differences, summary_table
+    from fedgo_lab.report import communication_table, gap_table, seed_differences, summary_table
     for rec in recs:  # what the communication table reads
         rec["bytes"] = {"pre_fl_down": 0}
         for r in rec["rounds"]:
@@ -134,7 +171,7 @@ def test_update_rewrites_the_report_tables_in_place_and_keeps_the_rest(tmp_path)
 
 def test_report_of_prints_one_rows_differences_over_three_windows(tmp_path, capsys):
     import json
-    from fedgo_flwr.report import main
+    from fedgo_lab.report import main
     beta4 = curve("fedgo", 0, [0.1, 0.5, 0.7])
     beta4["config"]["odds-beta"] = 4.0
     for name, rec in (("a", beta4), ("b", curve("fedgo", 0, [0.1, 0.6, 0.5]))):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from client_app.app import app as client_app
-from fedgo_flwr.inprocess import InProcessGrid
+from fedgo_lab.inprocess import InProcessGrid
 from server_app.app import run
 
 

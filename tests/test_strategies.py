@@ -12,13 +12,13 @@ from flwr.app import ArrayRecord, Message, RecordDict
 import client_app.app as client_module
 from conftest import REPO
 from fedgo_flwr.config import Config, ConfigError, check
-from fedgo_flwr.inprocess import InProcessGrid
 from fedgo_flwr.models import CNN
 from fedgo_flwr.strategies import STRATEGIES, FedAvgStrategy, StrategySpec
 from fedgo_flwr.strategies.base import CLIENT
 from fedgo_flwr.server.clients import config_record
 from fedgo_flwr.strategies.fedprox import proximal_term
 from fedgo_flwr.client_context import Local, config_of, reply
+from fedgo_lab.inprocess import InProcessGrid
 from server_app.app import run
 
 
@@ -321,7 +321,7 @@ def test_dafkd_averages_g_and_heads_by_n_k_and_weights_by_this_rounds_discrimina
 def test_communication_table_counts_every_array_each_way(tiny_config):
     """FedGO pays once before the rounds; DaFKD sends G and D heads every round; FedGen G_w
     down from round 2; all from the records' byte counts."""
-    from fedgo_flwr.report import communication_table
+    from fedgo_lab.report import communication_table
     records = {}
     for strategy in ("fedavg", "fedgo", "fedgen", "dafkd"):
         cfg = tiny_config.replace(strategy=strategy, run_name=strategy, dafkd_gan_rounds=1,

@@ -4,10 +4,10 @@ import pytest
 import torch
 
 from fedgo_flwr.models import Discriminator, create_classifier
-from fedgo_flwr.perf import cached_distill, max_difference, naive_distill
 from fedgo_flwr.teachers import teacher_logits
 from fedgo_flwr.train import predict_logits
 from fedgo_flwr.weighting import odds_weights
+from fedgo_lab.perf import cached_distill, max_difference, naive_distill
 
 CPU = torch.device("cpu")
 
@@ -67,7 +67,7 @@ def test_cached_and_naive_pseudo_labelling_distill_the_same_student(epochs):
 
 
 def test_perf_command_prints_both_sections(tiny_data_dir):
-    """`python -m fedgo_flwr.perf` end to end on tiny data: the comparison and one real round
+    """`python -m fedgo_lab.perf` end to end on tiny data: the comparison and one real round
     (in its own process) at two values of K, and a third K the pool cannot be split into,
     which is reported without losing the other two."""
     import subprocess
@@ -76,8 +76,9 @@ def test_perf_command_prints_both_sections(tiny_data_dir):
     from conftest import REPO
 
     run = subprocess.run(
-        [sys.executable, "-m", "fedgo_flwr.perf", "--clients", "3", "5", "200", "--server-epochs", "1",
-         "--distill-size", "200", "--alpha", "1.0", "--config", f'data-dir="{tiny_data_dir}"',
+        [sys.executable, "-m", "fedgo_lab.perf", "--clients", "3", "5", "200",
+         "--server-epochs", "1", "--distill-size", "200", "--alpha", "1.0",
+         "--config", f'data-dir="{tiny_data_dir}"',
          "generator-steps=1", "generator-width=8", "discriminator-width=8",
          "discriminator-epochs=1", "test-size=100"],
         cwd=REPO, capture_output=True, text=True, timeout=600)
@@ -90,6 +91,6 @@ def test_perf_command_prints_both_sections(tiny_data_dir):
     rows = [line for line in out.splitlines() if line.startswith(("| 3 |", "| 5 |"))]
     assert len(rows) == 2
     assert "K = 5: a client's discriminator training costs" in out
-    bad = subprocess.run([sys.executable, "-m", "fedgo_flwr.perf", "--config", "alpha=oops"],
+    bad = subprocess.run([sys.executable, "-m", "fedgo_lab.perf", "--config", "alpha=oops"],
                          cwd=REPO, capture_output=True, text=True)
     assert bad.returncode == 2 and "--config" in bad.stderr

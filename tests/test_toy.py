@@ -2,7 +2,7 @@ import statistics
 
 import torch
 
-from fedgo_flwr.toy import RULES, make_data, oracle, run_toy
+from fedgo_lab.toy import RULES, make_data, oracle, run_toy
 
 
 def test_toy_data_is_the_appendix_split():

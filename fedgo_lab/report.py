@@ -1,22 +1,25 @@
 """Tables and plots from run records (never from logs).
 
-    python -m fedgo_flwr.report RESULTS_DIR [RESULTS_DIR ...] [--plot FILE.png]
-                                [--metric server_test_acc] [--by strategy] [--diagnostics]
-                                [--communication] [--gap] [--of LABEL] [--update README.md]
+    python -m fedgo_lab.report RESULTS_DIR [RESULTS_DIR ...] [--plot FILE.png]
+                               [--metric server_test_acc] [--by KEY] [--title TEXT]
+                               [--diagnostics] [--communication] [--gap] [--of LABEL]
+                               [--update docs/results.md]
 
-prints, per (strategy, weighting, alpha), the mean and std over seeds of the last round's
-server and ensemble test accuracy, of the server accuracy averaged over the last three
-rounds, and the rounds to reach the paper's target (the highest multiple of 5 % that FedAvg
-reaches in every seed), as a markdown table; --plot draws `--metric` against the round, one
-line per value of `--by` (a config key) with a band of one std over seeds; --diagnostics
-prints, per record, every rule's ensemble accuracy on the same client models round by round;
---communication prints the bytes each strategy sent (pre-FL, per round, whole run) and its
-clients' compute seconds per round; --gap, per alpha, how much of the gap between the odds and
-the label oracle each option beyond the paper closes (FedGO records' diagnostics); --of LABEL,
-the per-seed differences of that row to every other (last round, last three, all rounds); --update
-FILE rewrites, in a Markdown file, each of these tables (summary, per-seed differences in the
-last round, over the last three and over all rounds, gap, communication) found there by its
-header, from the records.
+prints, per row (a strategy as its spec names it from the record's config, e.g.
+`fedgo[beta=4]`) and alpha, the mean and std over seeds of the last round's server and
+ensemble test accuracy, of the server accuracy averaged over the last three rounds, and the
+rounds to reach the paper's target (the highest multiple of 5 % that FedAvg reaches in every
+seed), as a markdown table; --plot draws `--metric` against the round, one panel per alpha and
+one line per row (or per value of `--by`, a config key) with a band of one std over seeds;
+--diagnostics prints, per record that has them, every rule's ensemble accuracy on the same
+client models round by round; --communication prints the bytes each row sent (pre-FL, per
+round, whole run) and its clients' compute seconds per round; --gap, per alpha, how much of
+the gap between the odds and the label oracle each option beyond the paper closes (the
+diagnostics of the runs of the row --of, fedgo by default); --of LABEL, the per-seed
+differences of that row to every other (last round, last three, all rounds); --update FILE
+rewrites, in a Markdown file, each of these tables (summary, per-seed differences in the last
+round, over the last three and over all rounds, gap, communication) found there by its header,
+from the records.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ import sys
 from collections import defaultdict
 from functools import partial
 from pathlib import Path
+
+from fedgo_flwr.strategies import STRATEGIES
 
 
 def load_records(*roots: Path) -> list[dict]:
@@ -43,34 +48,19 @@ def mean_std(values: list[float]) -> str:
     return f"{100 * statistics.mean(values):.2f} ± {100 * std:.2f}"
 
 
+# The central-training reference (fedgo_lab.central): a record, but no strategy of the app.
 CENTRAL = "central"
-ENSEMBLES = ("feddf", "fedgo", "dafkd")  # the strategies that distil a weighted ensemble
+# The row the per-seed differences and the gap table are about unless told: the paper's method.
+FOCUS = "fedgo"
 
 
 def label(rec: dict) -> str:
-    """The strategy, with in brackets whatever departs from its paper's ensemble (another
-    weighting rule, sharpened odds, probability space, constant schedule); FedDF's published
-    server update says so, and says when it used labelled server data; FedProx's clients under
-    another strategy's server read "<that strategy>+fedprox"."""
-    c = rec["config"]
-    name = server = c["strategy"]
-    if name == CENTRAL:
+    """A record's row: its strategy as the strategy's own spec names a run of this config
+    (StrategySpec.marks and row_name: e.g. `fedgo[beta=4]`, `fedgo+fedprox`,
+    `feddf-published (labelled val)`), or the central reference."""
+    if rec["config"]["strategy"] == CENTRAL:
         return "central (pooled client data, upper bound)"
-    if name == "fedprox" and c.get("fedprox-base", "fedavg") != "fedavg":
-        server = c["fedprox-base"]
-        name = f"{server}+fedprox"
-    extras = []
-    if server == "fedgo" and c.get("weighting", "odds") != "odds":
-        extras.append(c["weighting"])
-    if server == "fedgo" and c.get("weighting", "odds") == "odds" and c.get("odds-beta", 1.0) != 1.0:
-        extras.append(f"beta={c['odds-beta']:g}")
-    if server in ENSEMBLES and c.get("ensemble-space", "logits") != "logits":
-        extras.append("probabilities")
-    if server in ENSEMBLES and c.get("distill-schedule", "cosine") != "cosine":
-        extras.append(f"{c['distill-schedule']} lr")
-    if c.get("feddf-published"):
-        name = "feddf-published" + (" (labelled val)" if c.get("val-size") else "")
-    return name + (f"[{', '.join(extras)}]" if extras else "")
+    return STRATEGIES.label(rec["config"])
 
 
 def fedavg_target(records: list[dict], metric: str = "server_test_acc") -> float | None:
@@ -132,9 +122,9 @@ def summary_table(records: list[dict]) -> str:
 SEED_WINDOWS = (1, 3, None)
 
 
-def seed_differences(records: list[dict], of: str = "fedgo",
+def seed_differences(records: list[dict], of: str = FOCUS,
                      metric: str = "server_test_acc", last: int | None = 1) -> str:
-    """Per alpha and seed, `metric` of `of` minus that of every other strategy (points), in
+    """Per alpha and seed, `metric` of row `of` minus that of every other row (points), in
     the last round, averaged over the `last` rounds, or (last=None) over every round after
     round 0, the paper's accuracy over the rounds; so a lead or deficit is seen seed by seed,
     not only in the means."""
@@ -200,22 +190,22 @@ GAP_VARIANTS = (("odds β=4", "logits", "odds-beta4"), ("odds (prob.)", "probabi
                 ("odds unsquashed", "logits", "odds-unsquashed"))
 
 
-def gap_table(records: list[dict]) -> str:
-    """Per alpha, over the FedGO records' diagnostics (every round, every seed): the mean
-    ensemble accuracy of the odds, of each option beyond the paper and of the label oracle,
-    and the share of the odds-to-oracle gap each option closes, (m - odds) / (oracle - odds)."""
+def gap_table(records: list[dict], of: str = FOCUS) -> str:
+    """Per alpha, over the diagnostics of the runs of row `of` (every round, every seed): the
+    mean ensemble accuracy of the odds, of each option beyond the paper and of the label
+    oracle, and the share of the odds-to-oracle gap each option closes,
+    (m - odds) / (oracle - odds)."""
     head = ["alpha", "seeds", "odds", *[h for h, _, _ in GAP_VARIANTS], "label oracle"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for alpha, recs in by_alpha(records).items():
-        rounds = [r["diagnostics"] for rec in recs if rec["config"]["strategy"] == "fedgo"
-                  and rec["config"].get("weighting", "odds") == "odds"
-                  for r in rec["rounds"] if "diagnostics" in r]
+        runs = [rec for rec in recs if label(rec) == of
+                and any("diagnostics" in r for r in rec["rounds"])]
+        rounds = [r["diagnostics"] for rec in runs for r in rec["rounds"] if "diagnostics" in r]
         if not rounds:
             continue
         mean = lambda space, rule: statistics.mean(d[space][rule]["acc"] for d in rounds)
         odds, oracle = mean("logits", "odds"), mean("logits", "label-oracle")
-        cells = [f"{alpha:g}", ",".join(str(rec["config"]["seed"]) for rec in recs
-                                        if rec["config"]["strategy"] == "fedgo"),
+        cells = [f"{alpha:g}", ",".join(str(rec["config"]["seed"]) for rec in runs),
                  f"{100 * odds:.1f}"]
         for _, space, rule in GAP_VARIANTS:
             m = mean(space, rule)
@@ -225,37 +215,73 @@ def gap_table(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def plot_rounds(records: list[dict], path: Path, metric: str = "server_test_acc",
-                by=label, title: str = "") -> Path:
-    """metric against round, one line per group with a band of one std over its records."""
+def rounds_figure(records: list[dict], metric: str = "server_test_acc", by=label,
+                  title: str = ""):
+    """A matplotlib Figure of `metric` against the round: one panel per alpha, side by side
+    (the central reference, which has no alpha, in each), one line per group `by` names with a
+    band of one std over its records, the same colour for a group in every panel, integer
+    round ticks."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
+    from matplotlib.ticker import MaxNLocator
 
-    groups: dict[str, list[dict]] = defaultdict(list)
-    for rec in records:
-        groups[by(rec)].append(rec)
-    fig, ax = plt.subplots(figsize=(8.4, 4.2))
-    for name, recs in sorted(groups.items()):
-        if recs[0]["config"]["strategy"] == CENTRAL:  # epochs, not rounds: its final level
-            level = 100 * np.mean([rec["rounds"][-1][metric] for rec in recs
-                                   if metric in rec["rounds"][-1]] or [np.nan])
-            if np.isfinite(level):
-                ax.axhline(level, color="k", ls="--", lw=1, label=f"{name} (n={len(recs)})")
-            continue
-        rounds = sorted({r["round"] for rec in recs for r in rec["rounds"] if metric in r})
-        values = np.array([[next(r[metric] for r in rec["rounds"] if r["round"] == t)
-                            for t in rounds] for rec in recs]) * 100
-        mean, std = values.mean(0), values.std(0)
-        ax.plot(rounds, mean, label=f"{name} (n={len(recs)})", lw=1.8)
-        ax.fill_between(rounds, mean - std, mean + std, alpha=0.2)
-    ax.set_xlabel("round")
-    ax.set_ylabel(metric.replace("_", " ") + " (%)")
-    ax.set_title(title or metric)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8)  # beside the curves
+    panels = {}  # alpha -> group -> records
+    for alpha, recs in (by_alpha(records) or {None: records}).items():
+        panels[alpha] = defaultdict(list)
+        for rec in recs:
+            panels[alpha][by(rec)].append(rec)
+    names = sorted({name for groups in panels.values() for name in groups})
+    levels = {by(rec) for rec in records if rec["config"]["strategy"] == CENTRAL}  # black
+    colours = {name: f"C{i % 10}" for i, name in enumerate(n for n in names if n not in levels)}
+    counts = {name: [len(g[name]) for g in panels.values() if name in g] for name in names}
+    legend = {name: f"{name} (n={'/'.join(map(str, n)) if len(set(n)) > 1 else n[0]})"
+              for name, n in counts.items()}  # records per panel, once when all agree
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.0 + 5.4 * len(panels), 4.2),
+                             sharey=True, squeeze=False)
+    title = title or metric.replace("_", " ")
+    for ax, (alpha, groups) in zip(axes[0], panels.items()):
+        for name, recs in sorted(groups.items()):
+            if recs[0]["config"]["strategy"] == CENTRAL:  # epochs, not rounds: its final level
+                level = 100 * np.mean([rec["rounds"][-1][metric] for rec in recs
+                                       if metric in rec["rounds"][-1]] or [np.nan])
+                if np.isfinite(level):
+                    ax.axhline(level, color="k", ls="--", lw=1, label=legend[name])
+                continue
+            rounds = sorted({r["round"] for rec in recs for r in rec["rounds"] if metric in r})
+            if not rounds:  # e.g. no ensemble in FedAvg's records
+                continue
+            values = np.array([[next(r[metric] for r in rec["rounds"] if r["round"] == t)
+                                for t in rounds] for rec in recs]) * 100
+            mean, std = values.mean(0), values.std(0)
+            ax.plot(rounds, mean, label=legend[name], lw=1.8, color=colours[name])
+            ax.fill_between(rounds, mean - std, mean + std, alpha=0.2, color=colours[name])
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("round")
+        where = f"alpha = {alpha:g}" if alpha is not None else ""
+        ax.set_title(where if len(panels) > 1 else ", ".join(filter(None, (title, where))))
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel(metric.replace("_", " ") + " (%)")
+    if len(panels) > 1:
+        fig.suptitle(title)
+    # one legend for every panel, beside the last one
+    handles = {}
+    for ax in axes[0]:
+        for handle, name in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(name, handle)
+    axes[0][-1].legend(handles.values(), handles.keys(), loc="center left",
+                       bbox_to_anchor=(1.01, 0.5), fontsize=8)
     fig.tight_layout()
+    return fig
+
+
+def plot_rounds(records: list[dict], path: Path, metric: str = "server_test_acc",
+                by=label, title: str = "") -> Path:
+    """`rounds_figure` of the records, saved as `path` (PNG)."""
+    import matplotlib.pyplot as plt
+
+    fig = rounds_figure(records, metric, by, title)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -314,39 +340,58 @@ def update_tables(path: Path, records: list[dict]) -> list[str]:
     return replaced
 
 
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description="tables and plots from run records")
-    parser.add_argument("dirs", nargs="+", type=Path)
-    parser.add_argument("--plot", type=Path)
-    parser.add_argument("--metric", default="server_test_acc")
-    parser.add_argument("--by", default=None, help="config key to group lines by")
-    parser.add_argument("--title", default="")
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m fedgo_lab.report", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Tables and plots from run records. Without an option: the summary table\n"
+                    "(mean ± std over seeds per row and alpha).",
+        epilog="e.g. python -m fedgo_lab.report docs/records/fmnist-fair --update docs/results.md")
+    parser.add_argument("dirs", nargs="+", type=Path, metavar="RESULTS_DIR",
+                        help="folders searched for record.json files, at any depth")
+    parser.add_argument("--plot", type=Path, metavar="FILE.png",
+                        help="also draw --metric against the round: one panel per alpha, one "
+                             "line per row (mean over seeds, band of one std)")
+    parser.add_argument("--metric", default="server_test_acc",
+                        help="the per-round value --plot draws, e.g. ensemble_test_acc "
+                             "(default: %(default)s)")
+    parser.add_argument("--by", default=None, metavar="KEY",
+                        help="--plot groups lines by this config key instead of by row")
+    parser.add_argument("--title", default="", help="--plot's title (default: the metric)")
     parser.add_argument("--diagnostics", action="store_true",
-                        help="per record, the per-round table of every rule and the oracle")
+                        help="per record with diagnostics, the per-round table of every rule "
+                             "and the label oracle on the same client models")
     parser.add_argument("--communication", action="store_true",
-                        help="bytes each way (pre-FL, per round, whole run) and client seconds")
+                        help="MiB each way (pre-FL, per round, whole run) and client seconds "
+                             "per round, per row")
     parser.add_argument("--gap", action="store_true",
-                        help="share of the odds-to-oracle gap each option beyond the paper closes")
+                        help="per alpha, the share of the odds-to-oracle gap each option "
+                             "beyond the paper closes, over the diagnostics of row --of "
+                             f"(default: {FOCUS})")
     parser.add_argument("--of", metavar="LABEL",
-                        help="per-seed differences of this row (a strategy label as the "
-                             "tables name it, e.g. 'fedgo[beta=4]') to every other row")
+                        help="per-seed differences of this row (as the tables name it, e.g. "
+                             "'fedgo[beta=4]') to every other row, in the last round, over the "
+                             "last three and over all rounds")
     parser.add_argument("--update", type=Path, metavar="FILE.md",
-                        help="rewrite these tables where FILE.md has them (found by header)")
+                        help="rewrite in place every table of FILE.md the report makes (found by "
+                             "its header row), e.g. docs/results.md")
     args = parser.parse_args(argv)
     records = load_records(*args.dirs)
     if not records:
         print(f"no record.json under {[str(d) for d in args.dirs]}")
         return 1
     if args.diagnostics:
-        for rec in records:
+        with_diagnostics = [r for r in records if any("diagnostics" in x for x in r["rounds"])]
+        for rec in with_diagnostics:
             print(f"\n### {rec['run_name']} ({label(rec)}, alpha {rec['config']['alpha']})\n")
             print(diagnostics_table(rec))
+        if not with_diagnostics:
+            print("no record has diagnostics: run with diagnostics = true")
         return 0
     if args.communication:
         print(communication_table(records))
         return 0
     if args.gap:
-        print(gap_table(records))
+        print(gap_table(records, of=args.of or FOCUS))
         return 0
     if args.of:
         for last in SEED_WINDOWS:

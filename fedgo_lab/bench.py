@@ -1,18 +1,19 @@
 """Benchmark plans: a grid of real `flwr run`s described by a YAML plan, resumable, summarised
 as a markdown table and plots.
 
-    python -m fedgo_flwr.bench conf/bench/fmnist-fair.yaml [--out DIR] [--dry-run]
-                                                           [--max-minutes M]
+    python -m fedgo_lab.bench conf/bench/fmnist-fair.yaml [--out DIR] [--dry-run]
+                                                          [--max-minutes M] [--repo DIR]
 
 A plan (see conf/bench/) has the keys
   name        names the default output folder, results/bench/<name>
-  preset      a TOML preset (partial run config), relative to the repository root
+  preset      a TOML preset (partial run config), relative to the repository root (the
+              current directory, or --repo DIR: where pyproject.toml declares the app)
   config      run-config keys set in every cell, over the preset
   federation  the simulation federation, e.g. {num-supernodes: 20, client-resources-num-cpus: 1}
   alphas      Dirichlet alphas;  seeds: seeds
   cells       a strategy name, or a mapping of run-config keys with an optional `name` and
               `preset` (a TOML preset of the cell's own, under its keys and over `config`)
-  central     optional: epochs of the central-training reference (fedgo_flwr.central), one
+  central     optional: epochs of the central-training reference (fedgo_lab.central), one
               run per seed on the pooled client data, named central-s<seed>
 Every cell x alpha x seed is one `flwr run` through the local SuperLink and Ray, named
 <cell>-a<alpha>-s<seed>; its record lands in <out>/<run name>/record.json and its log in
@@ -43,12 +44,12 @@ from pathlib import Path
 
 import yaml
 
-from fedgo_flwr.central import central_run_config, train_central
 from fedgo_flwr.config import Config, ConfigError
-from fedgo_flwr.report import (CENTRAL, by_alpha, load_records, plot_rounds, seed_differences,
-                               summary_table)
+from fedgo_lab.central import central_run_config, train_central
+from fedgo_lab.cli import add_out_flag, add_repo_flag, repo_of
+from fedgo_lab.report import (CENTRAL, FOCUS, by_alpha, label, load_records, plot_rounds,
+                              seed_differences, summary_table)
 
-REPO = Path(__file__).resolve().parents[1]
 PLAN_KEYS = ("name", "preset", "config", "federation", "alphas", "seeds", "cells", "central")
 # Where a record may differ from the cell that made it and still stand for it.
 PLACEMENT_KEYS = ("results-dir", "run-name")
@@ -87,13 +88,15 @@ def load_plan(path: Path) -> dict:
     return plan
 
 
-def read_preset(path: str | None) -> dict:
-    return tomllib.loads((REPO / path).read_text()) if path else {}
+def read_preset(path: str | None, repo: Path) -> dict:
+    return tomllib.loads((repo / path).read_text()) if path else {}
 
 
-def cells_of(plan: dict, out: Path) -> list[Cell]:
-    """Every cell x alpha x seed with its resolved, validated run config."""
-    base = {**read_preset(plan.get("preset")), **(plan.get("config") or {})}
+def cells_of(plan: dict, out: Path, repo: Path | None = None) -> list[Cell]:
+    """Every cell x alpha x seed with its resolved, validated run config; presets are read
+    relative to `repo` (default: the current directory)."""
+    repo = repo or Path.cwd()
+    base = {**read_preset(plan.get("preset"), repo), **(plan.get("config") or {})}
     cells = []
     for seed in plan["seeds"]:
         for alpha in plan["alphas"]:
@@ -106,7 +109,7 @@ def cells_of(plan: dict, out: Path) -> list[Cell]:
                 name = spec.get("name") or "-".join(
                     str(keys[k]) for k in ("strategy", "weighting") if k in keys) or "cell"
                 run_name = f"{name}-a{alpha:g}-s{seed}"
-                merged = {**base, **read_preset(spec.get("preset")), **keys, "alpha": alpha,
+                merged = {**base, **read_preset(spec.get("preset"), repo), **keys, "alpha": alpha,
                           "seed": seed, "results-dir": str(out), "run-name": run_name}
                 try:
                     cfg = Config.from_run_config(merged)
@@ -180,8 +183,9 @@ def expected_seconds(cells: list[Cell], out: Path) -> dict[str, float]:
     return {k: wall + START_SECONDS for k, (_, wall) in latest.items()}
 
 
-def run_cell(cell: Cell, federation: dict, out: Path, tag: str) -> None:
-    """One real `flwr run`, its progress lines echoed, its status checked."""
+def run_cell(cell: Cell, federation: dict, out: Path, tag: str, repo: Path) -> None:
+    """One real `flwr run` of the app in `repo`, its progress lines echoed, its status
+    checked."""
     logs = out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     log_path = logs / f"{cell.run_name}.log"
@@ -193,11 +197,11 @@ def run_cell(cell: Cell, federation: dict, out: Path, tag: str) -> None:
     with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as f:
         f.write(toml_text(cell.run_config))
     try:
-        cmd = [flwr_command(), "run", str(REPO), "--stream", "--federation-config", fed,
+        cmd = [flwr_command(), "run", str(repo), "--stream", "--federation-config", fed,
                "-c", f.name]
         run_id = None
         with open(log_path, "w") as log, subprocess.Popen(
-                cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                cmd, cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                 text=True) as proc:
             for line in proc.stdout:
                 log.write(line)
@@ -210,7 +214,7 @@ def run_cell(cell: Cell, federation: dict, out: Path, tag: str) -> None:
     status = "did not start"
     if run_id:
         listing = subprocess.run([flwr_command(), "list", "--run-id", run_id, "--format",
-                                  "json"], cwd=REPO, env=env, capture_output=True, text=True)
+                                  "json"], cwd=repo, env=env, capture_output=True, text=True)
         try:
             status = json.loads(listing.stdout)["runs"][0]["status"]
         except (ValueError, KeyError, IndexError):
@@ -222,32 +226,35 @@ def run_cell(cell: Cell, federation: dict, out: Path, tag: str) -> None:
 def write_report(out: Path, alphas: list) -> str:
     records = [r for r in load_records(out) if r["config"]["alpha"] in (*alphas, None)]
     table = summary_table(records)
-    if any(r["config"]["strategy"] == "fedgo" for r in records):
-        table += ("\n\nLast-round server test accuracy of FedGO and its difference to each other "
-                  "row (points), seed by seed:\n\n" + seed_differences(records))
+    if any(label(r) == FOCUS for r in records):
+        table += (f"\n\nLast-round server test accuracy of {FOCUS} and its difference to each "
+                  "other row (points), seed by seed:\n\n" + seed_differences(records))
     out.mkdir(parents=True, exist_ok=True)
     (out / "table.md").write_text(table + "\n")
     for alpha, subset in by_alpha(records).items():
         for metric in PLOT_METRICS:
             if any(metric in x for r in subset for x in r["rounds"]):
                 plot_rounds(subset, out / f"{metric}-a{alpha:g}.png", metric,
-                            title=f"{metric.replace('_', ' ')}, alpha = {alpha:g}")
+                            title=metric.replace("_", " "))
     return table
 
 
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("plan", type=Path)
-    parser.add_argument("--out", type=Path, help="default: results/bench/<plan name>")
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m fedgo_lab.bench",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("plan", type=Path, help="the plan, a YAML file (see conf/bench/)")
+    add_out_flag(parser, "records, logs, the table and plots go", "results/bench/<plan name>")
     parser.add_argument("--dry-run", action="store_true", help="list the cells and stop")
-    parser.add_argument("--max-minutes", type=float, default=None,
+    parser.add_argument("--max-minutes", type=float, default=None, metavar="M",
                         help="start no run after this many minutes, nor one expected to end "
                         "after them (the plan resumes later)")
+    add_repo_flag(parser)
     args = parser.parse_args(argv)
+    repo = repo_of(parser, args)
     try:
         plan = load_plan(args.plan)
-        out = (args.out or REPO / "results" / "bench" / plan.get("name", args.plan.stem)).resolve()
-        cells = cells_of(plan, out)
+        out = (args.out or repo / "results" / "bench" / plan.get("name", args.plan.stem)).resolve()
+        cells = cells_of(plan, out, repo)
         todo = [c for c in cells if not finished(c, out)]
     except (PlanError, OSError, yaml.YAMLError, tomllib.TOMLDecodeError) as err:
         print(f"[bench] bad plan: {err}", file=sys.stderr)
@@ -278,7 +285,7 @@ def main(argv: list[str]) -> int:
         if cell.central is not None:
             train_central(cell.central, cell.run_config["central-epochs"], out)
         else:
-            run_cell(cell, plan["federation"], out, tag)
+            run_cell(cell, plan["federation"], out, tag, repo)
         ran += 1
         took = time.perf_counter() - cell_start
         # the best guess for the next run of its kind (a new cell has no record yet)

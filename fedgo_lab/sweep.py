@@ -2,9 +2,9 @@
 test accuracy of every weighting rule against generator steps and discriminator epochs, at
 several numbers of local epochs, all on the SAME client models.
 
-    python -m fedgo_flwr.sweep [--alphas 0.1 0.05] [--seed 0] [--clients 20]
+    python -m fedgo_lab.sweep [--alphas 0.1 0.05] [--seed 0] [--clients 20]
         [--generator-steps 0 100 300 1000] [--discriminator-epochs 2 5 10]
-        [--local-epochs 1 5] [--config KEY=VALUE ...] [--out results/sweep]
+        [--local-epochs 1 5] [--config KEY=VALUE ...] [--out results/sweep] [--repo DIR]
 
 Round 1 is rebuilt exactly as a run makes it (same split, partitions, sampled clients, initial
 model and client seeds), with the library's functions instead of messages. Generators are
@@ -22,12 +22,11 @@ import copy
 import json
 import sys
 import time
-import tomllib
 from pathlib import Path
 
 import torch
 
-from fedgo_flwr.config import Config, ConfigError
+from fedgo_flwr.config import Config
 from fedgo_flwr.data import client_data, load_dataset, server_data
 from fedgo_flwr.diagnostics import ORACLE, ensemble_diagnostics
 from fedgo_flwr.gan import log_odds, train_discriminator, train_wgan_gp
@@ -39,8 +38,7 @@ from fedgo_flwr.server.clients import sample_partitions
 from fedgo_flwr.strategies.fedgo import new_discriminator, new_generator
 from fedgo_flwr.train import evaluate, predict_logits, resolve_device, train_classifier
 from fedgo_flwr.weighting import odds_weights
-
-REPO = Path(__file__).resolve().parents[1]
+from fedgo_lab.cli import add_config_flag, add_out_flag, add_repo_flag, config_from, repo_of
 
 
 def say(text: str) -> None:
@@ -196,40 +194,43 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--alphas", type=float, nargs="+", default=[0.1, 0.05])
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--clients", type=int, default=20, help="K")
-    parser.add_argument("--generator-steps", type=int, nargs="+", default=[0, 100, 300, 1000])
-    parser.add_argument("--discriminator-epochs", type=int, nargs="+", default=[2, 5, 10])
-    parser.add_argument("--local-epochs", type=int, nargs="+", default=[1, 5])
-    parser.add_argument("--config", nargs="*", default=[], metavar="KEY=VALUE",
-                        help="other run-config keys, TOML values (default: pyproject's, with "
-                             "the full test set)")
-    parser.add_argument("--out", type=Path, default=REPO / "results" / "sweep")
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m fedgo_lab.sweep",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--alphas", type=float, nargs="+", default=[0.1, 0.05],
+                        help="Dirichlet alphas")
+    parser.add_argument("--seed", type=int, default=0, help="the run's seed")
+    parser.add_argument("--clients", type=int, default=20, help="K, the number of partitions")
+    parser.add_argument("--generator-steps", type=int, nargs="+", default=[0, 100, 300, 1000],
+                        help="generator step counts (0: an untrained generator)")
+    parser.add_argument("--discriminator-epochs", type=int, nargs="+", default=[2, 5, 10],
+                        help="discriminator epoch counts")
+    parser.add_argument("--local-epochs", type=int, nargs="+", default=[1, 5],
+                        help="local epoch counts of the round-1 client models")
+    add_config_flag(parser, "default: pyproject's, with the full test set and results-dir "
+                            "results/ in the repository")
+    add_out_flag(parser, "sweep.json and sweep.md go", "results/sweep")
+    add_repo_flag(parser)
     args = parser.parse_args(argv)
+    repo = repo_of(parser, args)
     if min(args.generator_steps) < 0 or min(args.discriminator_epochs) < 1 or min(
             args.local_epochs) < 1:
         parser.error("--generator-steps must be >= 0, --discriminator-epochs and "
                      "--local-epochs >= 1")
-    try:
-        overrides = tomllib.loads("\n".join(args.config))
-        cfg = Config.from_run_config({**Config().to_run_config(), "test-size": 0,
-                                      "results-dir": str(REPO / "results"),
-                                      **overrides, "seed": args.seed})
-    except (tomllib.TOMLDecodeError, ConfigError) as err:
-        parser.error(f"--config: {err}")
+    cfg = config_from(parser, args.config,
+                      under={"test-size": 0, "results-dir": str(repo / "results")},
+                      over={"seed": args.seed})
+    out = args.out or repo / "results" / "sweep"
     start = time.perf_counter()
     rows = sweep(cfg, args.alphas, args.clients, args.generator_steps,
                  args.discriminator_epochs, args.local_epochs)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "sweep.json").write_text(json.dumps(
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "sweep.json").write_text(json.dumps(
         {"config": cfg.to_run_config(), "clients": args.clients, "rows": rows,
          "seconds": time.perf_counter() - start}, indent=1))
     table = markdown(rows)
-    (args.out / "sweep.md").write_text(table + "\n")
-    print(f"\n{table}\n\n[sweep] {time.perf_counter() - start:.0f} s; {args.out}/sweep.md")
+    (out / "sweep.md").write_text(table + "\n")
+    print(f"\n{table}\n\n[sweep] {time.perf_counter() - start:.0f} s; {out}/sweep.md")
     return 0
 
 

@@ -1,8 +1,8 @@
 """Performance benchmark: what one FedGO round costs, and what caching and batching save.
 
-    python -m fedgo_flwr.perf [--clients 20 100 500] [--server-epochs 1 10]
-                              [--distill-size 3000] [--alpha 0.5] [--device auto]
-                              [--config KEY=VALUE ...]
+    python -m fedgo_lab.perf [--clients 20 100 500] [--server-epochs 1 10]
+                             [--distill-size 3000] [--alpha 0.5] [--device auto]
+                             [--config KEY=VALUE ...]
 
 Settings are the run config's defaults (`pyproject.toml`), one round, and the options above;
 --config sets any other run-config key (TOML values, e.g. generator-steps=0 model="resnet18").
@@ -32,11 +32,10 @@ import subprocess
 import sys
 import tempfile
 import time
-import tomllib
 
 import torch
 
-from fedgo_flwr.config import Config, ConfigError
+from fedgo_flwr.config import Config
 from fedgo_flwr.distill import (batch_images, distill, draw_batches, kl_to_targets,
                                 pseudo_labels, view_pseudo_labels)
 from fedgo_flwr.gan import log_odds
@@ -44,6 +43,7 @@ from fedgo_flwr.models import Discriminator, create_classifier
 from fedgo_flwr.teachers import teacher_logits
 from fedgo_flwr.train import descend, resolve_device
 from fedgo_flwr.weighting import WeightRule, odds_weights
+from fedgo_lab.cli import add_config_flag, config_from
 
 MARKER = "PERF-JSON "
 STAGES = ("client_training", "aggregation", "pseudo_labelling", "distillation", "evaluation")
@@ -167,7 +167,7 @@ def one_round(cfg: Config, num_clients: int) -> dict:
     from client_app.app import app as client_app
     from server_app.app import run
 
-    from fedgo_flwr.inprocess import InProcessGrid
+    from fedgo_lab.inprocess import InProcessGrid
 
     grid = InProcessGrid(client_app, cfg.to_run_config(), num_clients)
     if torch.cuda.is_available():
@@ -195,7 +195,7 @@ def one_round(cfg: Config, num_clients: int) -> dict:
 
 
 def run_child(args: argparse.Namespace, num_clients: int) -> dict:
-    cmd = [sys.executable, "-m", "fedgo_flwr.perf", "--one-round", str(num_clients),
+    cmd = [sys.executable, "-m", "fedgo_lab.perf", "--one-round", str(num_clients),
            "--alpha", str(args.alpha), "--distill-size", str(args.distill_size),
            "--device", args.device, "--seed", str(args.seed), "--config", *args.config]
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -231,30 +231,25 @@ def print_rounds(rows: list[dict]) -> None:
               f" of K = {base['clients']}")
 
 
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m fedgo_lab.perf",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", type=int, nargs="*", default=[20, 100, 500],
                         help="K values for the one-round runs (none: skip them)")
     parser.add_argument("--server-epochs", type=int, nargs="*", default=[1, 10],
                         help="E_s values for the pseudo-labelling comparison (none: skip it)")
-    parser.add_argument("--distill-size", type=int, default=3000)
+    parser.add_argument("--distill-size", type=int, default=3000, help="|U|, the distillation set")
     parser.add_argument("--alpha", type=float, default=0.5,
                         help="Dirichlet alpha (0.1 cannot give 500 non-empty partitions)")
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--config", nargs="*", default=[], metavar="KEY=VALUE",
-                        help="other run-config keys, TOML values")
+    parser.add_argument("--device", default="auto", help="the server's device: auto, cpu, cuda")
+    parser.add_argument("--seed", type=int, default=0, help="the run's seed")
+    add_config_flag(parser)
     parser.add_argument("--one-round", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     results = tempfile.mkdtemp(prefix="fedgo-perf-")
-    try:
-        overrides = tomllib.loads("\n".join(args.config))
-        cfg = Config.from_run_config({
-            **Config().to_run_config(), **overrides, "num-server-rounds": 1,
-            "alpha": args.alpha, "distill-size": args.distill_size,
-            "server-device": args.device, "seed": args.seed, "results-dir": results})
-    except (tomllib.TOMLDecodeError, ConfigError) as err:
-        parser.error(f"--config: {err}")
+    cfg = config_from(parser, args.config, over={
+        "num-server-rounds": 1, "alpha": args.alpha, "distill-size": args.distill_size,
+        "server-device": args.device, "seed": args.seed, "results-dir": results})
     if args.one_round is not None:
         out = one_round(cfg.replace(run_name=f"perf-K{args.one_round}"), args.one_round)
         print(MARKER + json.dumps(out))

@@ -1,7 +1,8 @@
 """The central-training reference (the paper's upper bound): the same classifier trained on the
 whole client pool, as if every client's data sat on one machine.
 
-    python -m fedgo_flwr.central --epochs 20 [--seed 0] [--config KEY=VALUE ...] [--out DIR]
+    python -m fedgo_lab.central --epochs 20 [--seed 0] [--config KEY=VALUE ...] [--out DIR]
+                                [--repo DIR]
 
 Client training's settings (Adam `lr`, `batch-size`, `flip`) and the run's seed, split and test
 images; the pool does not depend on alpha. Writes <out>/central-s<seed>/record.json in the run
@@ -14,20 +15,18 @@ import argparse
 import json
 import sys
 import time
-import tomllib
 from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 
-from fedgo_flwr.config import Config, ConfigError
+from fedgo_flwr.config import Config
 from fedgo_flwr.data import load_dataset, server_data, split_indices
 from fedgo_flwr.models import create_classifier
-from fedgo_flwr.report import CENTRAL
 from fedgo_flwr.seeds import round_seed
 from fedgo_flwr.train import evaluate, resolve_device, train_classifier
-
-REPO = Path(__file__).resolve().parents[1]
+from fedgo_lab.cli import add_config_flag, add_out_flag, add_repo_flag, config_from, repo_of
+from fedgo_lab.report import CENTRAL
 
 
 def central_run_config(cfg: Config, epochs: int) -> dict:
@@ -68,21 +67,21 @@ def train_central(cfg: Config, epochs: int, out: Path) -> Path:
     return path
 
 
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--epochs", type=int, default=20)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--config", nargs="*", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--out", type=Path, default=REPO / "results" / "central")
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m fedgo_lab.central",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--epochs", type=int, default=20, help="epochs over the pooled data")
+    parser.add_argument("--seed", type=int, default=0, help="the run's seed (split, model, order)")
+    add_config_flag(parser)
+    add_out_flag(parser, "central-s<seed>/record.json goes", "results/central")
+    add_repo_flag(parser)
     args = parser.parse_args(argv)
+    repo = repo_of(parser, args)
     if args.epochs < 1:
         parser.error("--epochs must be >= 1")
-    try:
-        cfg = Config.from_run_config({**Config().to_run_config(),
-                                      **tomllib.loads("\n".join(args.config)), "seed": args.seed})
-    except (tomllib.TOMLDecodeError, ConfigError) as err:
-        parser.error(f"--config: {err}")
-    print(f"[central] record: {train_central(cfg, args.epochs, args.out)}")
+    out = args.out or repo / "results" / "central"
+    cfg = config_from(parser, args.config, over={"seed": args.seed})
+    print(f"[central] record: {train_central(cfg, args.epochs, out)}")
     return 0
 
 

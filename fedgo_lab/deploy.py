@@ -2,14 +2,16 @@
 as separate processes, with TLS (a CA and a server certificate made here) and SuperNode
 authentication (one EC key pair per node, each public key registered with the SuperLink).
 
-    python -m fedgo_flwr.deploy up DIR [--nodes 3] [--port 9300] [--insecure] [--no-auth]
+    fedgo-deploy up DIR [--nodes 3] [--port 9300] [--insecure] [--no-auth]
     flwr run . local-deployment --stream           # FLWR_HOME=DIR/flwr-home, printed by `up`
-    python -m fedgo_flwr.deploy down DIR
+    fedgo-deploy down DIR
+
+(`fedgo-deploy` is `python -m fedgo_lab.deploy`, installed as a command with the project.)
 
 `up` writes everything under DIR (certificates/, keys/, logs/, state.db, flwr-home/ with the
 `[superlink.local-deployment]` connection, pids.json) and returns once every SuperNode is
 connected; `down` stops, by PID, every process `up` started. On real hosts the same commands
-run one per host (README, "Deployment").
+run one per host: docs/deployment.md.
 """
 
 from __future__ import annotations
@@ -221,18 +223,23 @@ def _alive(pid: int) -> bool:
         return True
 
 
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="fedgo-deploy", description=__doc__.split("\n\n")[0],
+                                     epilog="Then: flwr run . local-deployment --stream, with "
+                                            "the FLWR_HOME `up` prints. On real hosts: "
+                                            "docs/deployment.md.")
     sub = parser.add_subparsers(dest="command", required=True)
     start = sub.add_parser("up", help="start a SuperLink and N SuperNodes")
-    start.add_argument("dir", type=Path)
-    start.add_argument("--nodes", type=int, default=3)
+    start.add_argument("dir", type=Path, help="where certificates, keys, logs, the state and "
+                       "flwr-home/ go")
+    start.add_argument("--nodes", type=int, default=3,
+                       help="SuperNodes, one partition each (default: %(default)s)")
     start.add_argument("--port", type=int, default=9300,
                        help="the SuperLink's port; SuperNode i uses port + 1 + i")
     start.add_argument("--insecure", action="store_true", help="no TLS (and no node auth)")
     start.add_argument("--no-auth", action="store_true", help="TLS without node authentication")
     stop = sub.add_parser("down", help="stop what `up` started")
-    stop.add_argument("dir", type=Path)
+    stop.add_argument("dir", type=Path, help="the folder given to `up`")
     args = parser.parse_args(argv)
     if args.command == "down":
         print(f"[deploy] stopped PIDs {down(args.dir)}")
@@ -246,9 +253,9 @@ def main(argv: list[str]) -> int:
     print(f"[deploy] SuperLink {info['address']} (PID {info['pids']['superlink']}), "
           f"SuperNodes {info['pids']['supernodes']}; now run:\n"
           f"  FLWR_HOME={info['env']['FLWR_HOME']} flwr run . {FEDERATION} --stream\n"
-          f"  python -m fedgo_flwr.deploy down {args.dir}")
+          f"  fedgo-deploy down {args.dir}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

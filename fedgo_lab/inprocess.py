@@ -1,7 +1,8 @@
-"""An in-process Grid for tests and the performance benchmark: the real ServerApp and
-ClientApp code, with messages handed straight to `client_app(message, context)` one after the
-other instead of travelling through a SuperLink; nodes can be taken offline and brought back,
-or lost (still listed, answered by the SuperLink's "Node Unavailable" error). The real runtime
+"""An in-process Grid: runs a ServerApp's grid against a ClientApp in one process, for tests
+and quick experiments (the performance benchmark's rounds). The real ServerApp and ClientApp
+code, with messages handed straight to `client_app(message, context)` one after the other
+instead of travelling through a SuperLink; nodes can be taken offline and brought back, or
+lost (still listed, answered by the SuperLink's "Node Unavailable" error). The real runtime
 (SuperLink + Ray) is what `flwr run` uses and what tests/test_flwr_run.py exercises."""
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ Each client trains a 3-layer MLP classifier (Adam 1e-3, 2 epochs) and a 3-layer 
 the server averages the classifiers and distills the average for 2 epochs on the clients'
 pooled data, pseudo-labelled by each weighting rule. The oracle boundary is the two axes.
 
-    python -m fedgo_flwr.toy --preset converged --seeds 0 1 2 --out results/toy
+    python -m fedgo_lab.toy --preset converged --seeds 0 1 2 --out results/toy
 
 Two discriminator presets: `literal` is the paper's text (RMSprop 5e-5, 1 epoch), under which
 the discriminators barely move; `converged` trains them to convergence (Adam 1e-3, 50
@@ -200,10 +200,14 @@ def summary(results: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--preset", choices=sorted(PRESETS), default="converged")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--out", type=Path, default=Path("results/toy"))
+    parser = argparse.ArgumentParser(prog="python -m fedgo_lab.toy",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="converged",
+                        help="the discriminators' training: the paper's text (literal) or to "
+                             "convergence")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds to run")
+    parser.add_argument("--out", type=Path, default=Path("results/toy"),
+                        help="where the figure of the first seed goes")
     args = parser.parse_args(argv)
     # The models are tiny: one thread is fastest, and spares a busy machine's other cores.
     torch.set_num_threads(1)
