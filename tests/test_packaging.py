@@ -98,8 +98,8 @@ def _app_files(repo: Path) -> list[str]:
 
 
 def test_the_fab_holds_the_app_and_nothing_else(tmp_path):
-    """`flwr build` packs the apps, the library and the presets: no harness module, no tests,
-    scripts or docs (nor the benchmark records under docs/)."""
+    """`flwr build` packs the apps, the library and the presets: no harness module or plan, no
+    tests, scripts or docs (nor the benchmark records under docs/)."""
     app = tmp_path / "fedgo-flwr"  # a copy: a name Flower accepts, none of this checkout's junk
     for name in _app_files(REPO):
         (app / name).parent.mkdir(parents=True, exist_ok=True)
@@ -114,5 +114,6 @@ def test_the_fab_holds_the_app_and_nothing_else(tmp_path):
     names = zipfile.ZipFile(fab).namelist()
     assert {"pyproject.toml", "server_app/app.py", "client_app/app.py", "fedgo_flwr/config.py",
             "fedgo_flwr/strategies/fedgo.py", "conf/paper.toml"} <= set(names), names
-    harness = [n for n in names if n.startswith(("fedgo_lab/", "tests/", "scripts/", "docs/"))]
+    harness = [n for n in names if n.startswith(("fedgo_lab/", "tests/", "scripts/", "docs/",
+                                                  "conf/bench/"))]
     assert not harness, harness
