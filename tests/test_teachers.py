@@ -66,6 +66,7 @@ def test_cached_and_naive_pseudo_labelling_distill_the_same_student(epochs):
     assert a["loss"] == pytest.approx(b["loss"], rel=1e-4)
 
 
+@pytest.mark.e2e  # the whole harness command, one FedGO round at K: 40 s
 def test_perf_command_prints_both_sections(tiny_data_dir):
     """`python -m fedgo_lab.perf` end to end on tiny data: the comparison and one real round
     (in its own process) at two values of K, and a third K the pool cannot be split into,
