@@ -11,9 +11,9 @@ from __future__ import annotations
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
+from fedgo_flwr.client_context import Local
 from fedgo_flwr.config import Config
 from fedgo_flwr.strategies import STRATEGIES
-from fedgo_flwr.client_context import Local
 
 app = ClientApp()
 

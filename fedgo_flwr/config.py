@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -158,7 +158,7 @@ class Config:
         values, strategy_keys = {}, strategy_defaults()
         for name, value in run_config.items():
             d = known[name]
-            if d.field in SHARED_FIELDS and name == d.field.replace("_", "-"):
+            if name in SHARED_NAMES:
                 values[d.field] = coerce(name, value, d.kind)
             else:
                 strategy_keys[name] = coerce(name, value, d.kind)
@@ -225,6 +225,7 @@ class Config:
 # (a strategy may be registered after import).
 SHARED = declared(Config)
 SHARED_FIELDS = {d.field for d in SHARED}
+SHARED_NAMES = {d.name for d in SHARED}
 
 
 def strategy_declared() -> list[Declared]:

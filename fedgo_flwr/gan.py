@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from fedgo_flwr.batches import minibatches, random_hflip, to_unit_range
-from fedgo_flwr.train import apply_in_batches, minibatch_descent
 from fedgo_flwr.models import Critic, Discriminator, Generator
+from fedgo_flwr.train import apply_in_batches, minibatch_descent
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,6 @@ import copy
 import json
 import sys
 import time
-from pathlib import Path
 
 import torch
 
@@ -32,9 +31,9 @@ from fedgo_flwr.diagnostics import ORACLE, ensemble_diagnostics
 from fedgo_flwr.gan import log_odds, train_discriminator, train_wgan_gp
 from fedgo_flwr.generator_cache import generator_description, load_generator, save_generator
 from fedgo_flwr.models import Critic, create_classifier
-from fedgo_flwr.strategies.base import ClientModel, weighted_average
 from fedgo_flwr.seeds import client_seed, round_seed
 from fedgo_flwr.server.clients import sample_partitions
+from fedgo_flwr.strategies.base import ClientModel, weighted_average
 from fedgo_flwr.strategies.fedgo import new_discriminator, new_generator
 from fedgo_flwr.train import evaluate, predict_logits, resolve_device, train_classifier
 from fedgo_flwr.weighting import odds_weights

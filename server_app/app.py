@@ -14,9 +14,9 @@ from flwr.app import ArrayRecord, Context
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
-from fedgo_flwr.server import checkpoint
 from fedgo_flwr.config import Config, ConfigError
 from fedgo_flwr.data import load_dataset, server_data, validation_data
+from fedgo_flwr.server import checkpoint
 from fedgo_flwr.server.record import RunRecord, format_table
 from fedgo_flwr.strategies import STRATEGIES, ServerSetup
 from fedgo_flwr.train import resolve_device

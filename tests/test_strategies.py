@@ -11,13 +11,13 @@ from flwr.app import ArrayRecord, Message, RecordDict
 
 import client_app.app as client_module
 from conftest import REPO
+from fedgo_flwr.client_context import Local, config_of, reply
 from fedgo_flwr.config import Config, ConfigError, check
 from fedgo_flwr.models import CNN
+from fedgo_flwr.server.clients import config_record
 from fedgo_flwr.strategies import STRATEGIES, FedAvgStrategy, StrategySpec
 from fedgo_flwr.strategies.base import CLIENT
-from fedgo_flwr.server.clients import config_record
 from fedgo_flwr.strategies.fedprox import proximal_term
-from fedgo_flwr.client_context import Local, config_of, reply
 from fedgo_lab.inprocess import InProcessGrid
 from server_app.app import run
 

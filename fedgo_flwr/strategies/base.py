@@ -23,14 +23,14 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 from torch import nn
 
+from fedgo_flwr.client_context import Local, config_of, reply
 from fedgo_flwr.models import create_classifier
-from fedgo_flwr.server.record import RunRecord, round_line
 from fedgo_flwr.seeds import client_seed, round_seed
 from fedgo_flwr.server.clients import (MIN_CLIENTS, Client, ClientDirectory, config_record,
                                        discover_clients, query_nodes, sample_partitions)
 from fedgo_flwr.server.mailbox import Mailbox
+from fedgo_flwr.server.record import RunRecord, round_line
 from fedgo_flwr.server.replies import payload_bytes, reply_problem
-from fedgo_flwr.client_context import Local, config_of, reply
 from fedgo_flwr.strategies.registry import StrategySpec
 from fedgo_flwr.teachers import server_autocast
 from fedgo_flwr.train import evaluate, train_classifier

@@ -23,23 +23,21 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from logging import WARNING
 
 import torch
 import torch.nn.functional as F
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
-from flwr.common.logger import log
 from torch import nn
 
-from fedgo_flwr.keys import NON_NEGATIVE, key
 from fedgo_flwr.batches import random_hflip, to_unit_range
-from fedgo_flwr.models import Generator
-from fedgo_flwr.server.record import RunRecord
-from fedgo_flwr.strategies.base import CLIENT, ClientModel, ServerSetup, weighted_average
-from fedgo_flwr.seeds import client_seed, round_seed
-from fedgo_flwr.server.replies import arrays_problem
-from fedgo_flwr.strategies.ensemble import MARKS, READS, EnsembleDistillation
 from fedgo_flwr.client_context import Local, config_of, reply
+from fedgo_flwr.keys import NON_NEGATIVE, key
+from fedgo_flwr.models import Generator
+from fedgo_flwr.seeds import client_seed, round_seed
+from fedgo_flwr.server.record import RunRecord
+from fedgo_flwr.server.replies import arrays_problem
+from fedgo_flwr.strategies.base import CLIENT, ClientModel, ServerSetup, weighted_average
+from fedgo_flwr.strategies.ensemble import MARKS, READS, EnsembleDistillation
 from fedgo_flwr.strategies.registry import StrategySpec
 from fedgo_flwr.teachers import server_autocast
 from fedgo_flwr.train import apply_in_batches, minibatch_descent

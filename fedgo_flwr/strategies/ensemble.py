@@ -20,9 +20,9 @@ from flwr.common.logger import log
 from fedgo_flwr.diagnostics import ensemble_diagnostics
 from fedgo_flwr.distill import (cosine_lr, distill, draw_batches, ensemble_log_probs,
                                 view_pseudo_labels)
-from fedgo_flwr.strategies.base import ClientModel, FedAvgStrategy, ServerSetup
 from fedgo_flwr.seeds import round_seed
 from fedgo_flwr.server.record import RunRecord
+from fedgo_flwr.strategies.base import ClientModel, FedAvgStrategy, ServerSetup
 from fedgo_flwr.teachers import teacher_logits
 from fedgo_flwr.train import accuracy_and_loss
 from fedgo_flwr.weighting import WeightRule

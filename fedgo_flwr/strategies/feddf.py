@@ -18,8 +18,8 @@ from logging import INFO
 import torch
 from flwr.common.logger import log
 
-from fedgo_flwr.keys import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, check, key
 from fedgo_flwr.distill import distill_early_stopping
+from fedgo_flwr.keys import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, check, key
 from fedgo_flwr.server.record import RunRecord
 from fedgo_flwr.strategies.base import CLIENT, ServerSetup
 from fedgo_flwr.strategies.ensemble import MARKS, READS, EnsembleDistillation

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from logging import INFO, WARNING
+from logging import INFO
 
 import torch
 import torch.nn.functional as F
@@ -29,13 +29,13 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.common.logger import log
 from torch import nn
 
+from fedgo_flwr.client_context import Local, config_of
 from fedgo_flwr.keys import AT_LEAST_ONE, FRACTION, NON_NEGATIVE, POSITIVE, key
 from fedgo_flwr.models import FeatureGenerator
+from fedgo_flwr.seeds import client_seed, round_seed
 from fedgo_flwr.server.record import RunRecord
 from fedgo_flwr.strategies.base import (CLIENT, ClientModel, FedAvgStrategy, ServerSetup,
                                         local_update)
-from fedgo_flwr.seeds import client_seed, round_seed
-from fedgo_flwr.client_context import Local, config_of
 from fedgo_flwr.strategies.registry import StrategySpec
 
 

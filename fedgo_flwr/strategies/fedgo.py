@@ -13,18 +13,18 @@ from flwr.app import ArrayRecord, Message, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
+from fedgo_flwr.client_context import Local, config_of, reply
 from fedgo_flwr.diagnostics import phi_stats
 from fedgo_flwr.gan import log_odds, train_discriminator, train_wgan_gp
 from fedgo_flwr.generator_cache import generator_description, load_generator, save_generator
 from fedgo_flwr.models import Critic, Discriminator, Generator
-from fedgo_flwr.strategies.base import CLIENT, ClientModel, ServerSetup
 from fedgo_flwr.seeds import client_seed
 from fedgo_flwr.server.clients import config_record
-from fedgo_flwr.server.replies import payload_bytes
-from fedgo_flwr.strategies.ensemble import MARKS, READS, EnsembleDistillation
-from fedgo_flwr.client_context import Local, config_of, reply
-from fedgo_flwr.strategies.registry import StrategySpec
 from fedgo_flwr.server.record import RunRecord
+from fedgo_flwr.server.replies import payload_bytes
+from fedgo_flwr.strategies.base import CLIENT, ClientModel, ServerSetup
+from fedgo_flwr.strategies.ensemble import MARKS, READS, EnsembleDistillation
+from fedgo_flwr.strategies.registry import StrategySpec
 from fedgo_flwr.weighting import weighting_rule
 
 TRAIN_DISCRIMINATOR = "train.discriminator"
