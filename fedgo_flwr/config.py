@@ -106,11 +106,14 @@ class Config:
                                 "(the paper's main tables) or constant (its Table 11)",
                                 OneOf(("cosine", "constant")), ("distillation",))
     weighting: str = key("odds", "FedGO's client weighting rule: odds (FedGO), uniform (FedDF), "
-                         "variance (Fed-ET), entropy (FedHKT/FedDS), domain-aware (DaFKD)",
+                         "variance (Fed-ET), entropy (FedHKT/FedDS), domain-aware (DaFKD), "
+                         "odds-unsquashed (the odds without FedGO's second sigmoid, whose cap e "
+                         "bounds any odds ratio; not in the paper)",
                          OneOf(WEIGHTINGS), ("weighting",))
     entropy_tau: float = key(1.0, "temperature of the entropy rule (also in the diagnostics)",
                              POSITIVE, ("weighting", "distillation"))
-    odds_beta: float = key(1.0, "sharpened odds, w_k ~ n_k Phi_k^beta; 1 = the paper",
+    odds_beta: float = key(1.0, "sharpened odds, w_k ~ n_k Phi_k^beta (odds-unsquashed: "
+                           "its inverse temperature); 1 = the paper",
                            POSITIVE, ("weighting",))
     ensemble_space: str = key("logits", "where the weights mix the clients: logits "
                               "(Algorithm 2) or probabilities (Theorem 3.4)",

@@ -17,22 +17,17 @@ import torch
 from fedgo_flwr.distill import ENSEMBLE_SPACES, ensemble_log_probs
 from fedgo_flwr.train import accuracy_and_loss
 from fedgo_flwr.weighting import (NEEDS_DISCRIMINATORS, WEIGHTINGS, WeightRule,
-                                  label_oracle_weights, odds_weights, weighting_rule)
+                                  class_count_weights, label_oracle_weights, odds_weights,
+                                  weighting_rule)
 
 # Sharpened odds reported beside the paper's beta = 1 (see odds_weights).
 ODDS_BETAS = (2, 4, 8)
 # Phi within 1 % of its cap e counts as saturated.
 NEAR_CAP = 0.99 * math.e
 ORACLE = "label-oracle"
-
-
-def unsquashed_odds_weights(logits: torch.Tensor, log_odds: torch.Tensor,
-                            num_examples: torch.Tensor) -> torch.Tensor:
-    """The odds of a single-sigmoid discriminator D' = sigmoid(logit), w_k proportional to
-    n_k exp(logit_k): what FedGO's weights would be without the second sigmoid, recovered from
-    log Phi = sigmoid(logit) (clamped where float32 saturates)."""
-    s = log_odds.clamp(1e-6, 1 - 1e-6)
-    return odds_weights(logits, torch.log(s) - torch.log1p(-s), num_examples)
+# Weights from class counts, the class predicted by the round's averaged model (or, without
+# it, by the uniform ensemble), then re-predicted by the class-count ensemble itself.
+CLASS_COUNT, CLASS_COUNT_ITERATED, ITERATIONS = "class-count", "class-count-iterated", 3
 
 
 def size_weights(logits: torch.Tensor, log_odds: torch.Tensor,
@@ -44,13 +39,12 @@ def size_weights(logits: torch.Tensor, log_odds: torch.Tensor,
 
 def diagnostic_rules(entropy_tau: float, with_discriminators: bool) -> dict[str, WeightRule]:
     """Every registered rule (those reading discriminators only when there are any), the
-    size-only weights, the sharpened odds and the unsquashed odds."""
+    size-only weights and the sharpened odds."""
     rules = {name: weighting_rule(name, entropy_tau) for name in WEIGHTINGS
              if with_discriminators or name not in NEEDS_DISCRIMINATORS}
     rules["size"] = size_weights
     if with_discriminators:
         rules.update({f"odds-beta{b}": partial(odds_weights, beta=float(b)) for b in ODDS_BETAS})
-        rules["odds-unsquashed"] = unsquashed_odds_weights
     return rules
 
 
@@ -64,13 +58,15 @@ def phi_stats(log_odds: torch.Tensor) -> dict[str, float]:
 def ensemble_diagnostics(logits: torch.Tensor, log_odds: torch.Tensor | None,
                          num_examples: torch.Tensor, labels: torch.Tensor, *,
                          active: torch.Tensor, entropy_tau: float = 1.0,
-                         histograms: torch.Tensor | None = None) -> dict:
+                         histograms: torch.Tensor | None = None,
+                         averaged_logits: torch.Tensor | None = None) -> dict:
     """Diagnostics of one round's ensemble on labelled images.
 
     logits [K, N, C] of the round's client models; log_odds [K, N] of their discriminators (None
     when the strategy has none); num_examples n_k [K]; labels [N]; active: the weights [K, N]
     of the run's own rule;
-    histograms [K, C] of the clients' labels (the oracle), or None.
+    histograms [K, C] of the clients' labels (the oracle and the class-count rules), or None;
+    averaged_logits [N, C] of the round's averaged model, where the class-count rules start.
 
     Returns {space: {rule: {acc, loss}}} for both ensemble spaces (the oracle as 'label-oracle'),
     'phi' statistics, and with histograms 'weight_on_oracle_client': {rule: mean over the images
@@ -82,6 +78,12 @@ def ensemble_diagnostics(logits: torch.Tensor, log_odds: torch.Tensor | None,
                for name, rule in diagnostic_rules(entropy_tau, log_odds is not None).items()}
     out: dict = {}
     if histograms is not None:
+        start = (averaged_logits if averaged_logits is not None else
+                 ensemble_log_probs(logits, weights["uniform"], "logits")).argmax(-1)
+        weights[CLASS_COUNT] = w = class_count_weights(histograms, start)
+        for _ in range(ITERATIONS - 1):
+            w = class_count_weights(histograms, ensemble_log_probs(logits, w, "logits").argmax(-1))
+        weights[CLASS_COUNT_ITERATED] = w
         weights[ORACLE] = label_oracle_weights(histograms, labels)
         favoured = histograms[:, labels].argmax(0)  # [N]
         rows = torch.arange(len(labels))

@@ -24,6 +24,16 @@ def odds_weights(logits: torch.Tensor, log_odds: torch.Tensor, num_examples: tor
     return torch.softmax(log_n + beta * log_odds, dim=0)
 
 
+def unsquashed_odds_weights(logits: torch.Tensor, log_odds: torch.Tensor,
+                            num_examples: torch.Tensor, beta: float = 1.0) -> torch.Tensor:
+    """The odds of a single-sigmoid discriminator D' = sigmoid(l), w_k proportional to
+    n_k exp(beta l_k) (not in the paper): FedGO's weights without the second sigmoid, whose cap
+    e bounds any odds ratio; l_k is recovered from log Phi_k = sigmoid(l_k) (clamped where
+    float32 saturates); beta is an inverse temperature."""
+    s = log_odds.clamp(1e-6, 1 - 1e-6)
+    return odds_weights(logits, torch.log(s) - torch.log1p(-s), num_examples, beta)
+
+
 def uniform_weights(logits: torch.Tensor, log_odds: torch.Tensor,
                     num_examples: torch.Tensor) -> torch.Tensor:
     """FedDF: w_k(u) = 1 / |A_t|."""
@@ -56,6 +66,7 @@ def domain_aware_weights(logits: torch.Tensor, log_odds: torch.Tensor,
 
 WEIGHTINGS: dict[str, WeightRule] = {
     "odds": odds_weights,
+    "odds-unsquashed": unsquashed_odds_weights,
     "uniform": uniform_weights,
     "variance": variance_weights,
     "entropy": entropy_weights,
@@ -64,15 +75,15 @@ WEIGHTINGS: dict[str, WeightRule] = {
 
 
 # Rules that read the discriminators' log-odds; the others ignore them.
-NEEDS_DISCRIMINATORS = ("odds", "domain-aware")
+NEEDS_DISCRIMINATORS = ("odds", "odds-unsquashed", "domain-aware")
 
 
 def weighting_rule(name: str, entropy_tau: float = 1.0, odds_beta: float = 1.0) -> WeightRule:
     """The registered rule `name`, with its parameters bound."""
     if name == "entropy":
         return partial(entropy_weights, tau=entropy_tau)
-    if name == "odds" and odds_beta != 1.0:
-        return partial(odds_weights, beta=odds_beta)
+    if name in ("odds", "odds-unsquashed") and odds_beta != 1.0:
+        return partial(WEIGHTINGS[name], beta=odds_beta)
     return WEIGHTINGS[name]
 
 
@@ -84,6 +95,14 @@ def label_oracle_weights(histograms: torch.Tensor, labels: torch.Tensor) -> torc
     total = counts.sum(0, keepdim=True)
     uniform = torch.full_like(counts, 1.0 / len(histograms))
     return torch.where(total > 0, counts / total.clamp_min(1.0), uniform).float()
+
+
+def class_count_weights(histograms: torch.Tensor, predicted: torch.Tensor) -> torch.Tensor:
+    """Weights from class counts (not in the paper): w_k(x) = n_{k,y^(x)} / sum_i n_{i,y^(x)},
+    each client weighted by how many images it holds of the class y^(x) predicted for x. With
+    the true labels this is the label oracle; clients would have to send their label counts,
+    as FedGen's do. histograms [K, C], predicted [N] -> [K, N]."""
+    return label_oracle_weights(histograms, predicted)
 
 
 def log_odds_of(d: torch.Tensor) -> torch.Tensor:

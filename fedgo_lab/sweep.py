@@ -138,7 +138,7 @@ def sweep(cfg: Config, alphas, num_clients, generator_steps, discriminator_epoch
                                            minlength=data.num_classes) for p in pids])
         n_k = hist.sum(1).float()
         say(f"alpha {alpha:g}: round-1 clients {pids}, n_k {n_k.long().tolist()}")
-        logits, fedavg = {}, {}
+        logits, fedavg, averaged = {}, {}, {}
         for e in sorted(set(local_epochs)):
             t = time.perf_counter()
             nets = client_models(acfg, pids, num_clients, e, device, image_shape,
@@ -149,6 +149,7 @@ def sweep(cfg: Config, alphas, num_clients, generator_steps, discriminator_epoch
             avg = create_classifier(cfg.model, image_shape[0], data.num_classes, image_shape[1])
             avg.load_state_dict(weighted_average(models, models[0].state))
             fedavg[e] = evaluate(avg, test_x, test_y, device=device)[0]
+            averaged[e] = predict_logits(avg, test_x, device=device)
             say(f"alpha {alpha:g}: {e} local epoch(s) trained, FedAvg {100 * fedavg[e]:.1f} % "
                 f"({time.perf_counter() - t:.0f} s)")
         for steps in sorted(gens):
@@ -162,7 +163,7 @@ def sweep(cfg: Config, alphas, num_clients, generator_steps, discriminator_epoch
                 for e in sorted(logits):
                     diag = ensemble_diagnostics(logits[e], log_phi, n_k, test_y,
                                                 active=odds_weights(logits[e], log_phi, n_k),
-                                                histograms=hist)
+                                                histograms=hist, averaged_logits=averaged[e])
                     rows.append({"alpha": alpha, "local_epochs": e, "generator_steps": steps,
                                  "discriminator_epochs": d_epochs, "fedavg_acc": fedavg[e],
                                  "clients": pids, **diag})

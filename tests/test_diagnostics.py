@@ -87,3 +87,27 @@ def test_sweep_round_one_is_the_runs_round_one(tiny_config, tmp_path):
                            sweep_cfg.replace(run_name="cached")).read_text())
     assert again["pre_fl"]["generator"]["reused"] is True
     assert again["rounds"][1]["server_test_acc"] == record["rounds"][1]["server_test_acc"]
+
+
+def test_class_count_rules_start_from_the_averaged_model_and_iterate():
+    """Two clients, each holding one class: an averaged model that predicts the class right
+    makes the class-count ensemble the oracle's; starting from a wrong prediction, the
+    ensemble corrects it when the right client is sure."""
+    hist = torch.tensor([[10, 0], [0, 10]])
+    labels = torch.tensor([0, 1])
+    # client 0 is sure of class 0 on image 0, client 1 sure of class 1 on image 1; each is
+    # confidently wrong on the other's image
+    logits = torch.tensor([[[9.0, 0.0], [3.0, 0.0]], [[0.0, 3.0], [0.0, 9.0]]])
+    right = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    half = torch.full((2, 2), 0.5)
+    diag = ensemble_diagnostics(logits, None, torch.ones(2), labels, active=half,
+                                histograms=hist, averaged_logits=right)
+    assert diag["logits"]["class-count"]["acc"] == diag["logits"]["label-oracle"]["acc"] == 1.0
+    assert diag["weight_on_oracle_client"]["class-count"] == 1.0
+    wrong = right.flip(-1)
+    diag = ensemble_diagnostics(logits, None, torch.ones(2), labels, active=half,
+                                histograms=hist, averaged_logits=wrong)
+    # All the weight on the wrong client, which agrees with the wrong start: with clients of
+    # one class each, iterating cannot leave a wrong start.
+    assert diag["logits"]["class-count"]["acc"] == 0.0
+    assert diag["logits"]["class-count-iterated"]["acc"] == 0.0

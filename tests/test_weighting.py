@@ -83,3 +83,25 @@ def test_every_rule_sums_to_one_and_permutes_with_the_clients():
         torch.testing.assert_close(w.sum(0), torch.ones(7), msg=name)
         assert (w >= 0).all(), name
         torch.testing.assert_close(rule(logits[perm], log_odds[perm], n[perm]), w[perm], msg=name)
+
+
+def test_class_count_weights_with_true_labels_are_the_label_oracle():
+    from fedgo_flwr.weighting import class_count_weights, label_oracle_weights
+    hist = torch.tensor([[5, 0, 1], [0, 4, 1], [1, 1, 0]])
+    labels = torch.tensor([0, 1, 2, 2, 0])
+    assert torch.equal(class_count_weights(hist, labels), label_oracle_weights(hist, labels))
+    w = class_count_weights(hist, torch.tensor([1]))  # predicted class 1: 0, 4 and 1 of 5
+    assert torch.allclose(w[:, 0], torch.tensor([0.0, 0.8, 0.2]))
+
+
+def test_unsquashed_odds_lift_the_cap_the_double_sigmoid_puts_on_a_sure_client():
+    from fedgo_flwr.weighting import odds_weights, unsquashed_odds_weights, weighting_rule
+    logit = torch.tensor([[8.0], [0.0], [0.0]])  # one sure discriminator, two unsure
+    log_phi = torch.sigmoid(logit)  # what FedGO's double-sigmoid D gives as log Phi
+    n = torch.ones(3)
+    capped = odds_weights(None, log_phi, n)[0, 0]
+    assert capped < torch.e / (torch.e + 2 * torch.exp(torch.tensor(0.5))) + 1e-6
+    lifted = unsquashed_odds_weights(None, log_phi, n)[0, 0]
+    assert lifted > 0.99 and torch.isclose(lifted, torch.softmax(logit[:, 0], 0)[0], atol=1e-4)
+    hot = weighting_rule("odds-unsquashed", odds_beta=0.25)(None, log_phi, n)[0, 0]
+    assert torch.isclose(hot, torch.softmax(logit[:, 0] / 4, 0)[0], atol=1e-4)

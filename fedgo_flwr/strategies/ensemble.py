@@ -138,10 +138,14 @@ class EnsembleDistillation(FedAvgStrategy):
                                       self.setup.test_y)
         entry.update(ensemble_test_acc=acc, ensemble_test_loss=loss)
         if cfg.diagnostics:
+            average = self.setup.new_classifier()
+            average.load_state_dict(averaged)
             entry["diagnostics"] = ensemble_diagnostics(
                 test_logits, log_odds if self.has_discriminators else None, n_k,
                 self.setup.test_y, active=weights, entropy_tau=cfg.entropy_tau,
-                histograms=self.clients.label_histograms([m.partition_id for m in models]))
+                histograms=self.clients.label_histograms([m.partition_id for m in models]),
+                averaged_logits=teacher_logits([average], self.setup.test_x,
+                                               device=self.setup.device, amp=self.setup.amp)[0])
             # what FedAvg keeps this round, where distillation started (`averaged` is unchanged)
             avg_acc, avg_loss = self.test_metrics(averaged)
             entry["diagnostics"]["averaged"] = {"acc": avg_acc, "loss": avg_loss}
