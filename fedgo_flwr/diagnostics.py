@@ -26,8 +26,13 @@ ODDS_BETAS = (2, 4, 8)
 NEAR_CAP = 0.99 * math.e
 ORACLE = "label-oracle"
 # Weights from class counts, the class predicted by the round's averaged model (or, without
-# it, by the uniform ensemble), then re-predicted by the class-count ensemble itself.
+# it, by the uniform ensemble), then re-predicted by the class-count ensemble itself; and from
+# the uniform ensemble's prediction, which needs no model beyond the clients'.
 CLASS_COUNT, CLASS_COUNT_ITERATED, ITERATIONS = "class-count", "class-count-iterated", 3
+CLASS_COUNT_FROM_ENSEMBLE = "class-count-from-ensemble"
+# The run's own ensemble with the averaged model (a teacher the server already has) as one
+# more member holding this share of the weight.
+WITH_AVERAGED, AVERAGED_SHARE = "active+averaged", 0.5
 
 
 def size_weights(logits: torch.Tensor, log_odds: torch.Tensor,
@@ -68,7 +73,8 @@ def ensemble_diagnostics(logits: torch.Tensor, log_odds: torch.Tensor | None,
     histograms [K, C] of the clients' labels (the oracle and the class-count rules), or None;
     averaged_logits [N, C] of the round's averaged model, where the class-count rules start.
 
-    Returns {space: {rule: {acc, loss}}} for both ensemble spaces (the oracle as 'label-oracle'),
+    Returns {space: {rule: {acc, loss}}} for both ensemble spaces (the oracle as 'label-oracle';
+    with averaged_logits also the run's rule with the averaged model as a member),
     'phi' statistics, and with histograms 'weight_on_oracle_client': {rule: mean over the images
     of the weight the rule gives the client holding most images of the image's class}, the run's
     own rule as 'active'.
@@ -78,8 +84,9 @@ def ensemble_diagnostics(logits: torch.Tensor, log_odds: torch.Tensor | None,
                for name, rule in diagnostic_rules(entropy_tau, log_odds is not None).items()}
     out: dict = {}
     if histograms is not None:
-        start = (averaged_logits if averaged_logits is not None else
-                 ensemble_log_probs(logits, weights["uniform"], "logits")).argmax(-1)
+        uniform = ensemble_log_probs(logits, weights["uniform"], "logits").argmax(-1)
+        weights[CLASS_COUNT_FROM_ENSEMBLE] = class_count_weights(histograms, uniform)
+        start = averaged_logits.argmax(-1) if averaged_logits is not None else uniform
         weights[CLASS_COUNT] = w = class_count_weights(histograms, start)
         for _ in range(ITERATIONS - 1):
             w = class_count_weights(histograms, ensemble_log_probs(logits, w, "logits").argmax(-1))
@@ -90,10 +97,15 @@ def ensemble_diagnostics(logits: torch.Tensor, log_odds: torch.Tensor | None,
         out["weight_on_oracle_client"] = {
             name: w[favoured, rows].mean().item()
             for name, w in {**weights, "active": active}.items()}
+    members = {name: (logits, w) for name, w in weights.items()}
+    if averaged_logits is not None:
+        share = torch.full_like(active[:1], AVERAGED_SHARE)
+        members[WITH_AVERAGED] = (torch.cat([logits, averaged_logits[None]]),
+                                  torch.cat([(1 - AVERAGED_SHARE) * active, share]))
     for space in ENSEMBLE_SPACES:
         out[space] = {}
-        for name, w in weights.items():
-            acc, loss = accuracy_and_loss(ensemble_log_probs(logits, w, space), labels)
+        for name, (teachers, w) in members.items():
+            acc, loss = accuracy_and_loss(ensemble_log_probs(teachers, w, space), labels)
             out[space][name] = {"acc": acc, "loss": loss}
     if log_odds is not None:
         out["phi"] = phi_stats(log_odds)

@@ -157,6 +157,8 @@ DIAGNOSTIC_COLUMNS = (
     ("odds (prob.)", "probabilities", "odds"), ("odds β=4 (prob.)", "probabilities", "odds-beta4"),
     ("class count", "logits", "class-count"), ("class count iterated", "logits",
                                                  "class-count-iterated"),
+    ("class count from ensemble", "logits", "class-count-from-ensemble"),
+    ("own + averaged", "logits", "active+averaged"),
     ("label oracle", "logits", "label-oracle"))
 
 

@@ -111,3 +111,20 @@ def test_class_count_rules_start_from_the_averaged_model_and_iterate():
     # one class each, iterating cannot leave a wrong start.
     assert diag["logits"]["class-count"]["acc"] == 0.0
     assert diag["logits"]["class-count-iterated"]["acc"] == 0.0
+
+
+def test_the_averaged_model_as_a_member_takes_its_share_of_the_weight():
+    """Clients that know nothing (equal logits) leave the decision to the averaged model
+    wherever it joins the ensemble; the class count from the uniform ensemble needs no model."""
+    labels = torch.tensor([0, 1, 1])
+    logits = torch.zeros(3, 3, 2)
+    averaged = torch.tensor([[2.0, 0.0], [0.0, 2.0], [2.0, 0.0]])  # right on 2 of 3
+    active = torch.full((3, 3), 1 / 3)
+    diag = ensemble_diagnostics(logits, None, torch.ones(3), labels, active=active,
+                                histograms=torch.tensor([[5, 5], [5, 5], [5, 5]]),
+                                averaged_logits=averaged)
+    for space in ("logits", "probabilities"):
+        assert diag[space]["active+averaged"]["acc"] == pytest.approx(2 / 3)
+    assert "class-count-from-ensemble" in diag["logits"]
+    assert "active+averaged" not in ensemble_diagnostics(logits, None, torch.ones(3), labels,
+                                                         active=active)["logits"]
