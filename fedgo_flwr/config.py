@@ -108,7 +108,10 @@ class Config:
     weighting: str = key("odds", "FedGO's client weighting rule: odds (FedGO), uniform (FedDF), "
                          "variance (Fed-ET), entropy (FedHKT/FedDS), domain-aware (DaFKD), "
                          "odds-unsquashed (the odds without FedGO's second sigmoid, whose cap e "
-                         "bounds any odds ratio; not in the paper)",
+                         "bounds any odds ratio), class-count (each client weighted by its count "
+                         "of the class the ensemble predicts, iterated from the uniform "
+                         "ensemble; clients then send their label counts); the last two are "
+                         "not in the paper",
                          OneOf(WEIGHTINGS), ("weighting",))
     entropy_tau: float = key(1.0, "temperature of the entropy rule (also in the diagnostics)",
                              POSITIVE, ("weighting", "distillation"))

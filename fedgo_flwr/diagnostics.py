@@ -16,20 +16,18 @@ import torch
 
 from fedgo_flwr.distill import ENSEMBLE_SPACES, ensemble_log_probs
 from fedgo_flwr.train import accuracy_and_loss
-from fedgo_flwr.weighting import (NEEDS_DISCRIMINATORS, WEIGHTINGS, WeightRule,
-                                  class_count_weights, label_oracle_weights, odds_weights,
-                                  weighting_rule)
+from fedgo_flwr.weighting import (NEEDS_DISCRIMINATORS, NEEDS_LABEL_COUNTS, WEIGHTINGS,
+                                  WeightRule, class_count_ensemble_weights,
+                                  label_oracle_weights, odds_weights, weighting_rule)
 
 # Sharpened odds reported beside the paper's beta = 1 (see odds_weights).
 ODDS_BETAS = (2, 4, 8)
 # Phi within 1 % of its cap e counts as saturated.
 NEAR_CAP = 0.99 * math.e
 ORACLE = "label-oracle"
-# Weights from class counts, the class predicted by the round's averaged model (or, without
-# it, by the uniform ensemble), then re-predicted by the class-count ensemble itself; and from
-# the uniform ensemble's prediction, which needs no model beyond the clients'.
-CLASS_COUNT, CLASS_COUNT_ITERATED, ITERATIONS = "class-count", "class-count-iterated", 3
-CLASS_COUNT_FROM_ENSEMBLE = "class-count-from-ensemble"
+# The class-count rule started from the round's averaged model's prediction instead of the
+# uniform ensemble's (the server has that model; the registered rule does not use it).
+CLASS_COUNT_FROM_AVERAGED = "class-count-from-averaged"
 # The run's own ensemble with the averaged model (a teacher the server already has) as one
 # more member holding this share of the weight.
 WITH_AVERAGED, AVERAGED_SHARE = "active+averaged", 0.5
@@ -42,11 +40,14 @@ def size_weights(logits: torch.Tensor, log_odds: torch.Tensor,
     return odds_weights(logits, torch.zeros_like(log_odds), num_examples)
 
 
-def diagnostic_rules(entropy_tau: float, with_discriminators: bool) -> dict[str, WeightRule]:
-    """Every registered rule (those reading discriminators only when there are any), the
-    size-only weights and the sharpened odds."""
-    rules = {name: weighting_rule(name, entropy_tau) for name in WEIGHTINGS
-             if with_discriminators or name not in NEEDS_DISCRIMINATORS}
+def diagnostic_rules(entropy_tau: float, with_discriminators: bool,
+                     histograms: torch.Tensor | None = None) -> dict[str, WeightRule]:
+    """Every registered rule (those reading discriminators only when there are any, those
+    reading label counts only when `histograms` are given), the size-only weights and the
+    sharpened odds."""
+    rules = {name: weighting_rule(name, entropy_tau, histograms=histograms) for name in WEIGHTINGS
+             if (with_discriminators or name not in NEEDS_DISCRIMINATORS)
+             and (histograms is not None or name not in NEEDS_LABEL_COUNTS)}
     rules["size"] = size_weights
     if with_discriminators:
         rules.update({f"odds-beta{b}": partial(odds_weights, beta=float(b)) for b in ODDS_BETAS})
@@ -80,17 +81,14 @@ def ensemble_diagnostics(logits: torch.Tensor, log_odds: torch.Tensor | None,
     own rule as 'active'.
     """
     odds_in = log_odds if log_odds is not None else torch.zeros(logits.shape[:2])
-    weights = {name: rule(logits, odds_in, num_examples)
-               for name, rule in diagnostic_rules(entropy_tau, log_odds is not None).items()}
+    rules = diagnostic_rules(entropy_tau, log_odds is not None, histograms)
+    weights = {name: rule(logits, odds_in, num_examples) for name, rule in rules.items()}
     out: dict = {}
     if histograms is not None:
-        uniform = ensemble_log_probs(logits, weights["uniform"], "logits").argmax(-1)
-        weights[CLASS_COUNT_FROM_ENSEMBLE] = class_count_weights(histograms, uniform)
-        start = averaged_logits.argmax(-1) if averaged_logits is not None else uniform
-        weights[CLASS_COUNT] = w = class_count_weights(histograms, start)
-        for _ in range(ITERATIONS - 1):
-            w = class_count_weights(histograms, ensemble_log_probs(logits, w, "logits").argmax(-1))
-        weights[CLASS_COUNT_ITERATED] = w
+        if averaged_logits is not None:
+            weights[CLASS_COUNT_FROM_AVERAGED] = class_count_ensemble_weights(
+                logits, odds_in, num_examples, histograms=histograms,
+                start=averaged_logits.argmax(-1))
         weights[ORACLE] = label_oracle_weights(histograms, labels)
         favoured = histograms[:, labels].argmax(0)  # [N]
         rows = torch.arange(len(labels))

@@ -64,29 +64,6 @@ def domain_aware_weights(logits: torch.Tensor, log_odds: torch.Tensor,
     return d / d.sum(0, keepdim=True)
 
 
-WEIGHTINGS: dict[str, WeightRule] = {
-    "odds": odds_weights,
-    "odds-unsquashed": unsquashed_odds_weights,
-    "uniform": uniform_weights,
-    "variance": variance_weights,
-    "entropy": entropy_weights,
-    "domain-aware": domain_aware_weights,
-}
-
-
-# Rules that read the discriminators' log-odds; the others ignore them.
-NEEDS_DISCRIMINATORS = ("odds", "odds-unsquashed", "domain-aware")
-
-
-def weighting_rule(name: str, entropy_tau: float = 1.0, odds_beta: float = 1.0) -> WeightRule:
-    """The registered rule `name`, with its parameters bound."""
-    if name == "entropy":
-        return partial(entropy_weights, tau=entropy_tau)
-    if name in ("odds", "odds-unsquashed") and odds_beta != 1.0:
-        return partial(WEIGHTINGS[name], beta=odds_beta)
-    return WEIGHTINGS[name]
-
-
 def label_oracle_weights(histograms: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """The label oracle, a diagnostic that no algorithm may use: w_k(x) = n_{k,y(x)} /
     sum_i n_{i,y(x)}, each client weighted by how many images of x's true class it holds
@@ -103,6 +80,53 @@ def class_count_weights(histograms: torch.Tensor, predicted: torch.Tensor) -> to
     the true labels this is the label oracle; clients would have to send their label counts,
     as FedGen's do. histograms [K, C], predicted [N] -> [K, N]."""
     return label_oracle_weights(histograms, predicted)
+
+
+def class_count_ensemble_weights(logits: torch.Tensor, log_odds: torch.Tensor,
+                                 num_examples: torch.Tensor, *, histograms: torch.Tensor,
+                                 start: torch.Tensor | None = None,
+                                 iterations: int = 3) -> torch.Tensor:
+    """Class-count weights of the class the ensemble predicts (not in the paper): start from
+    `start` [B] (by default the uniform ensemble's prediction, which needs nothing but the
+    clients' logits), weight each client by its count of that class, re-predict with those
+    weights, `iterations` times; the last weights. Needs the clients' label counts."""
+    predicted = logits.mean(0).argmax(-1) if start is None else start
+    for _ in range(iterations):
+        weights = class_count_weights(histograms, predicted).to(logits.dtype)
+        predicted = (weights.unsqueeze(-1) * logits).sum(0).argmax(-1)
+    return weights
+
+
+WEIGHTINGS: dict[str, WeightRule] = {
+    "odds": odds_weights,
+    "odds-unsquashed": unsquashed_odds_weights,
+    "uniform": uniform_weights,
+    "variance": variance_weights,
+    "entropy": entropy_weights,
+    "domain-aware": domain_aware_weights,
+    "class-count": class_count_ensemble_weights,
+}
+
+
+# Rules that read the discriminators' log-odds; the others ignore them.
+NEEDS_DISCRIMINATORS = ("odds", "odds-unsquashed", "domain-aware")
+# Rules that read the clients' label counts [K, C] (sent once, at discovery).
+NEEDS_LABEL_COUNTS = ("class-count",)
+
+
+def weighting_rule(name: str, entropy_tau: float = 1.0, odds_beta: float = 1.0,
+                   histograms: torch.Tensor | None = None) -> WeightRule:
+    """The registered rule `name`, with its parameters bound (a rule that reads label counts
+    needs the `histograms` of the clients it weights, in their order)."""
+    if name in NEEDS_LABEL_COUNTS:
+        if histograms is None:
+            raise ValueError(f"weighting rule {name!r} needs the clients' label counts")
+        return partial(WEIGHTINGS[name], histograms=histograms)
+    if name == "entropy":
+        return partial(entropy_weights, tau=entropy_tau)
+    if name in ("odds", "odds-unsquashed") and odds_beta != 1.0:
+        return partial(WEIGHTINGS[name], beta=odds_beta)
+    return WEIGHTINGS[name]
 
 
 def log_odds_of(d: torch.Tensor) -> torch.Tensor:

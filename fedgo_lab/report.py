@@ -155,9 +155,8 @@ DIAGNOSTIC_COLUMNS = (
     ("size (n_k)", "logits", "size"), ("**odds**", "logits", "odds"), ("odds β=4", "logits", "odds-beta4"),
     ("odds unsquashed", "logits", "odds-unsquashed"), ("uniform (prob.)", "probabilities", "uniform"),
     ("odds (prob.)", "probabilities", "odds"), ("odds β=4 (prob.)", "probabilities", "odds-beta4"),
-    ("class count", "logits", "class-count"), ("class count iterated", "logits",
-                                                 "class-count-iterated"),
-    ("class count from ensemble", "logits", "class-count-from-ensemble"),
+    ("class count", "logits", "class-count"),
+    ("class count from averaged", "logits", "class-count-from-averaged"),
     ("own + averaged", "logits", "active+averaged"),
     ("label oracle", "logits", "label-oracle"))
 

@@ -18,7 +18,7 @@ def test_run_config_round_trip_and_int_for_float():
 
 @pytest.mark.parametrize("key,value,needle", [
     ("strategy", "fedsgd", "allowed: dafkd, fedavg, feddf, fedgen, fedgo, fedprox"),
-    ("weighting", "magic", "allowed: domain-aware, entropy, odds, odds-unsquashed, uniform, variance"),
+    ("weighting", "magic", "allowed: class-count, domain-aware, entropy, odds, odds-unsquashed, uniform, variance"),
     ("entropy-tau", 0.0, "'entropy-tau' is 0.0; allowed: > 0"),
     ("server-device", "tpu", "allowed: auto, cpu, cuda"),
     ("alpha", 0.0, "'alpha' is 0.0; allowed: > 0"),

@@ -89,10 +89,9 @@ def test_sweep_round_one_is_the_runs_round_one(tiny_config, tmp_path):
     assert again["rounds"][1]["server_test_acc"] == record["rounds"][1]["server_test_acc"]
 
 
-def test_class_count_rules_start_from_the_averaged_model_and_iterate():
+def test_the_class_count_rule_from_the_averaged_model_is_the_oracle_when_that_model_is():
     """Two clients, each holding one class: an averaged model that predicts the class right
-    makes the class-count ensemble the oracle's; starting from a wrong prediction, the
-    ensemble corrects it when the right client is sure."""
+    makes the class-count ensemble the oracle's; from a wrong prediction it stays wrong."""
     hist = torch.tensor([[10, 0], [0, 10]])
     labels = torch.tensor([0, 1])
     # client 0 is sure of class 0 on image 0, client 1 sure of class 1 on image 1; each is
@@ -102,15 +101,15 @@ def test_class_count_rules_start_from_the_averaged_model_and_iterate():
     half = torch.full((2, 2), 0.5)
     diag = ensemble_diagnostics(logits, None, torch.ones(2), labels, active=half,
                                 histograms=hist, averaged_logits=right)
-    assert diag["logits"]["class-count"]["acc"] == diag["logits"]["label-oracle"]["acc"] == 1.0
-    assert diag["weight_on_oracle_client"]["class-count"] == 1.0
+    from_averaged = diag["logits"]["class-count-from-averaged"]["acc"]
+    assert from_averaged == diag["logits"]["label-oracle"]["acc"] == 1.0
+    assert diag["weight_on_oracle_client"]["class-count-from-averaged"] == 1.0
     wrong = right.flip(-1)
     diag = ensemble_diagnostics(logits, None, torch.ones(2), labels, active=half,
                                 histograms=hist, averaged_logits=wrong)
     # All the weight on the wrong client, which agrees with the wrong start: with clients of
     # one class each, iterating cannot leave a wrong start.
-    assert diag["logits"]["class-count"]["acc"] == 0.0
-    assert diag["logits"]["class-count-iterated"]["acc"] == 0.0
+    assert diag["logits"]["class-count-from-averaged"]["acc"] == 0.0
 
 
 def test_the_averaged_model_as_a_member_takes_its_share_of_the_weight():
@@ -125,6 +124,6 @@ def test_the_averaged_model_as_a_member_takes_its_share_of_the_weight():
                                 averaged_logits=averaged)
     for space in ("logits", "probabilities"):
         assert diag[space]["active+averaged"]["acc"] == pytest.approx(2 / 3)
-    assert "class-count-from-ensemble" in diag["logits"]
+    assert "class-count" in diag["logits"]  # the registered rule, from the uniform ensemble
     assert "active+averaged" not in ensemble_diagnostics(logits, None, torch.ones(3), labels,
                                                          active=active)["logits"]

@@ -2,7 +2,7 @@ import math
 
 import torch
 
-from fedgo_flwr.weighting import WEIGHTINGS, log_odds_of, odds_weights
+from fedgo_flwr.weighting import WEIGHTINGS, log_odds_of, odds_weights, weighting_rule
 
 
 def gaussian(x, mean, std):
@@ -77,12 +77,15 @@ def test_every_rule_sums_to_one_and_permutes_with_the_clients():
     logits, log_odds = torch.randn(5, 7, 10), torch.rand(5, 7)
     n = torch.tensor([5.0, 50.0, 500.0, 7.0, 70.0])
     perm = torch.tensor([3, 0, 4, 1, 2])
-    for name, rule in WEIGHTINGS.items():
-        w = rule(logits, log_odds, n)
+    hist = torch.randint(0, 20, (5, 10))  # label counts, for the rules that read them
+    for name in WEIGHTINGS:
+        w = weighting_rule(name, histograms=hist)(logits, log_odds, n)
         assert w.shape == (5, 7), name
         torch.testing.assert_close(w.sum(0), torch.ones(7), msg=name)
         assert (w >= 0).all(), name
-        torch.testing.assert_close(rule(logits[perm], log_odds[perm], n[perm]), w[perm], msg=name)
+        permuted = weighting_rule(name, histograms=hist[perm])
+        torch.testing.assert_close(permuted(logits[perm], log_odds[perm], n[perm]), w[perm],
+                                   msg=name)
 
 
 def test_class_count_weights_with_true_labels_are_the_label_oracle():
@@ -105,3 +108,15 @@ def test_unsquashed_odds_lift_the_cap_the_double_sigmoid_puts_on_a_sure_client()
     assert lifted > 0.99 and torch.isclose(lifted, torch.softmax(logit[:, 0], 0)[0], atol=1e-4)
     hot = weighting_rule("odds-unsquashed", odds_beta=0.25)(None, log_phi, n)[0, 0]
     assert torch.isclose(hot, torch.softmax(logit[:, 0] / 4, 0)[0], atol=1e-4)
+
+
+def test_the_class_count_rule_needs_label_counts_and_finds_the_holder_of_the_class():
+    import pytest
+    from fedgo_flwr.weighting import weighting_rule
+    with pytest.raises(ValueError, match="label counts"):
+        weighting_rule("class-count")
+    hist = torch.tensor([[10, 0, 0], [0, 10, 0], [0, 0, 10]])
+    # every client leans to its own class a little; the uniform ensemble gets image 0 right
+    logits = torch.tensor([[[3.0, 0.0, 0.0]], [[0.0, 1.5, 0.0]], [[0.0, 0.0, 1.0]]])
+    w = weighting_rule("class-count", histograms=hist)(logits, torch.zeros(3, 1), torch.ones(3))
+    assert torch.equal(w[:, 0], torch.tensor([1.0, 0.0, 0.0]))

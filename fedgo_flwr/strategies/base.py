@@ -93,6 +93,8 @@ class FedAvgStrategy(FedAvg):
     """FedAvg (McMahan et al.), the baseline every other strategy extends."""
 
     has_ensemble = False
+    needs_label_counts = False  # clients send their label counts at discovery (FedGO's
+    # class-count rule; the diagnostics' label oracle asks for them too)
     # Attributes that carry from one round to the next (modules, optimisers and schedulers by
     # their state_dict, anything else as is): what a checkpoint holds beside the global model.
     carried: tuple[str, ...] = ()
@@ -121,7 +123,7 @@ class FedAvgStrategy(FedAvg):
         cfg = self.cfg
         self.mailbox = Mailbox(grid)
         self.clients = discover_clients(self.mailbox, timeout=cfg.join_timeout,
-                                        label_histograms=cfg.diagnostics and self.has_ensemble,
+                                        label_histograms=self.asks_label_counts,
                                         require_all=cfg.require_all_clients)
         self.record.data["clients"] = {
             "num_partitions": self.clients.num_partitions,
@@ -129,9 +131,13 @@ class FedAvgStrategy(FedAvg):
             "missing_at_start": sorted(set(range(self.clients.num_partitions))
                                        - set(self.clients.partition_ids)),
         }
-        if cfg.diagnostics and self.has_ensemble:
+        if self.asks_label_counts:
             self.record.data["clients"]["label_histograms"] = {
                 str(p): list(c.label_histogram) for p, c in self.clients.by_partition.items()}
+
+    @property
+    def asks_label_counts(self) -> bool:
+        return self.needs_label_counts or (self.cfg.diagnostics and self.has_ensemble)
 
     # --- the rounds
     def run(self, grid: Grid, arrays: ArrayRecord, first_round: int = 1,
@@ -188,7 +194,8 @@ class FedAvgStrategy(FedAvg):
                        self.absent)
         if not probe:
             return
-        for node, answer in query_nodes(self.mailbox, probe, PROBE_SECONDS).items():
+        for node, answer in query_nodes(self.mailbox, probe, PROBE_SECONDS,
+                                        self.asks_label_counts).items():
             if isinstance(answer, str) or answer[1] != self.clients.num_partitions:
                 continue
             pid, _, n, _ = answer

@@ -36,7 +36,7 @@ class EnsembleDistillation(FedAvgStrategy):
     has_ensemble = True
     has_discriminators = False
 
-    def __init__(self, setup: ServerSetup, record: RunRecord, weighting: WeightRule):
+    def __init__(self, setup: ServerSetup, record: RunRecord, weighting: WeightRule | None):
         super().__init__(setup, record)
         self.weighting = weighting
         self.views = 2 if self.cfg.flip else 1  # U as is, and mirrored
@@ -68,6 +68,11 @@ class EnsembleDistillation(FedAvgStrategy):
     def teachers(self, models: list[ClientModel]) -> list[ClientModel]:
         """The round's models the ensemble weights (FedGO: those with a discriminator)."""
         return models
+
+    def round_weighting(self, models: list[ClientModel]) -> WeightRule:
+        """The weighting rule of this round's teachers (a rule that reads the clients' label
+        counts gets theirs bound here)."""
+        return self.weighting
 
     # --- the shared distillation protocol
     def server_lr(self, server_round: int) -> float:
@@ -114,6 +119,7 @@ class EnsembleDistillation(FedAvgStrategy):
             net.load_state_dict(m.state)
             nets.append(net)
         n_k = torch.tensor([m.num_examples for m in models], dtype=torch.float32)
+        weighting = self.round_weighting(models)
         student = self.setup.new_classifier()
         student.load_state_dict(averaged)
         batches = self.distill_batches(server_round)
@@ -121,7 +127,7 @@ class EnsembleDistillation(FedAvgStrategy):
             start = time.perf_counter()
             targets = view_pseudo_labels(  # once per round, not once per epoch
                 lambda v, samples: self.view_scores(models, nets, v, samples), len(u), n_k,
-                self.weighting, batches, views=self.views, space=cfg.ensemble_space)
+                weighting, batches, views=self.views, space=cfg.ensemble_space)
             seconds = time.perf_counter() - start
             self.record.time("pseudo_labelling", seconds, server_round)
             log(INFO, "round %d: pseudo-labels of %d teachers on U (%.1fs); distilling, %d "
@@ -133,7 +139,7 @@ class EnsembleDistillation(FedAvgStrategy):
 
         start = time.perf_counter()
         test_logits, log_odds = self.test_scores(models, nets)
-        weights = self.weighting(test_logits, log_odds, n_k)
+        weights = weighting(test_logits, log_odds, n_k)
         acc, loss = accuracy_and_loss(ensemble_log_probs(test_logits, weights, cfg.ensemble_space),
                                       self.setup.test_y)
         entry.update(ensemble_test_acc=acc, ensemble_test_loss=loss)

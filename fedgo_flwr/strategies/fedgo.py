@@ -25,7 +25,7 @@ from fedgo_flwr.server.replies import payload_bytes
 from fedgo_flwr.strategies.base import CLIENT, ClientModel, ServerSetup
 from fedgo_flwr.strategies.ensemble import MARKS, READS, EnsembleDistillation
 from fedgo_flwr.strategies.registry import StrategySpec
-from fedgo_flwr.weighting import weighting_rule
+from fedgo_flwr.weighting import NEEDS_LABEL_COUNTS, WeightRule, weighting_rule
 
 TRAIN_DISCRIMINATOR = "train.discriminator"
 
@@ -46,7 +46,8 @@ class FedGO(EnsembleDistillation):
 
     def __init__(self, setup: ServerSetup, record: RunRecord):
         cfg = setup.cfg
-        super().__init__(setup, record,
+        self.needs_label_counts = cfg.weighting in NEEDS_LABEL_COUNTS
+        super().__init__(setup, record, None if self.needs_label_counts else
                          weighting_rule(cfg.weighting, cfg.entropy_tau, cfg.odds_beta))
         self.row: dict[int, int] = {}  # partition id -> row of the cached odds
         self.cached_u_log_odds = torch.empty(0)  # [K, V, |U|]
@@ -158,6 +159,15 @@ class FedGO(EnsembleDistillation):
     # ------------------------------------------------------------------ main FL
     def teachers(self, models: list[ClientModel]) -> list[ClientModel]:
         return [m for m in models if m.partition_id in self.row]
+
+    def round_weighting(self, models: list[ClientModel]) -> WeightRule:
+        if not self.needs_label_counts:
+            return self.weighting
+        counts = self.clients.label_histograms([m.partition_id for m in models])
+        if counts is None:
+            raise RuntimeError(f"weighting {self.cfg.weighting!r} needs every client's label "
+                               "counts; a client of this round sent none")
+        return weighting_rule(self.cfg.weighting, histograms=counts)
 
     def u_log_odds(self, models: list[ClientModel], view: int) -> torch.Tensor:
         return self.cached_u_log_odds[[self.row[m.partition_id] for m in models], view]
