@@ -48,7 +48,7 @@ def test_cells_cover_the_grid_with_preset_config_and_cell_keys_layered(tmp_path)
     ({"seeds": []}, "'seeds' must be a non-empty list"),
     ({"federation": {}}, "num-supernodes"),
     ({"cells": [{"strategy": "fedsgd"}]}, "cell fedsgd-a0.1-s0: run-config key 'strategy'"),
-    ({"cells": [{"weighting": "magic", "strategy": "fedgo"}]}, "allowed: domain-aware"),
+    ({"cells": [{"weighting": "magic", "strategy": "fedgo"}]}, "allowed: class-count, domain-aware"),
     ({"config": {"num-rounds": 3}}, "unknown run-config key"),
     ({"cells": ["fedavg", "fedavg"]}, "two cells share a name"),
 ])

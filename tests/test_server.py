@@ -163,7 +163,8 @@ def test_clients_send_their_label_histogram_only_when_the_diagnostics_ask(tiny_c
 def test_feddf_diagnostics_score_the_rules_that_need_no_discriminator(tiny_config):
     cfg = tiny_config.replace(strategy="feddf", num_server_rounds=1, diagnostics=True)
     diag = _run(cfg)[0]["rounds"][1]["diagnostics"]
-    assert set(diag["logits"]) == {"uniform", "variance", "entropy", "size", "label-oracle"}
+    assert set(diag["logits"]) == {"uniform", "variance", "entropy", "size", "label-oracle",
+                                   "class-count", "class-count-from-averaged", "active+averaged"}
     assert "phi" not in diag
 
 
