@@ -20,9 +20,10 @@ from typing import Any, Mapping
 
 from fedgo_flwr.data import DATASETS
 from fedgo_flwr.distill import ENSEMBLE_SPACES
-from fedgo_flwr.keys import (AT_LEAST_ONE, FRACTION, NON_NEGATIVE, POSITIVE, ConfigError,
-                             Declared, OneOf, check, check_fields, choice, coerce, declared,
-                             key)
+from fedgo_flwr.gan import CALIBRATIONS, NEGATIVES
+from fedgo_flwr.keys import (AT_LEAST_ONE, FRACTION, NON_NEGATIVE, POSITIVE, Allowed,
+                             ConfigError, Declared, OneOf, check, check_fields, choice, coerce,
+                             declared, key)
 from fedgo_flwr.models import CLASSIFIERS
 from fedgo_flwr.strategies import STRATEGIES
 from fedgo_flwr.weighting import WEIGHTINGS
@@ -142,6 +143,22 @@ class Config:
                                     NON_NEGATIVE, ("pre-fl",))
     discriminator_lr: float = key(2e-4, "discriminator learning rate (Adam)", POSITIVE,
                                   ("pre-fl",))
+    discriminator_negatives: str = key(
+        "generator", "what each D_k learns to tell its images from: generator (samples of G, "
+        "the paper) or server-sample (server-sample-size images of U sent once instead of G, "
+        "for a server that may share U; no generator is trained; not in the paper)",
+        OneOf(NEGATIVES), ("pre-fl",))
+    server_sample_size: int = key(3000, "images of U sent to each client with "
+                                  "discriminator-negatives = server-sample", AT_LEAST_ONE,
+                                  ("pre-fl",))
+    discriminator_calibration: str = key(
+        "none", "none (the paper) or platt: each client holds out calibration-fraction of its "
+        "images from D_k's training, fits log Phi_k = a * logit + b (a > 0) on them against as "
+        "many negatives and sends (a, b); the odds lose the paper's cap e (not in the paper)",
+        OneOf(CALIBRATIONS), ("pre-fl",))
+    calibration_fraction: float = key(0.1, "share of each client's images held out to calibrate "
+                                      "D_k (discriminator-calibration = platt)",
+                                      Allowed("in (0, 1)", lambda v: 0 < v < 1), ("pre-fl",))
     generator_cache: bool = key(True, "reuse a generator trained before on the same U with the "
                                 "same settings and seed, from <results-dir>/generators",
                                 groups=("pre-fl",))
@@ -219,6 +236,12 @@ class Config:
 
     def validate(self) -> None:
         check_fields(self)
+        if self.discriminator_calibration != "none" and self.weighting == "odds-unsquashed":
+            raise ConfigError("run-config key 'weighting' is 'odds-unsquashed', which recovers "
+                              "D_k's logit from the paper's capped odds; with "
+                              "'discriminator-calibration' = "
+                              f"{self.discriminator_calibration!r} the odds are already "
+                              "uncapped: use weighting = \"odds\"")
         for name, spec in STRATEGIES.items():  # each strategy checks its own keys
             if spec.keys is not None:
                 own = self.keys(name)

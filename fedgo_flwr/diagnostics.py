@@ -25,6 +25,8 @@ ODDS_BETAS = (2, 4, 8)
 # Phi within 1 % of its cap e counts as saturated.
 NEAR_CAP = 0.99 * math.e
 ORACLE = "label-oracle"
+# Recovers D_k's logit from the paper's capped odds: meaningless on calibrated odds.
+UNSQUASHED = "odds-unsquashed"
 # The class-count rule started from the round's averaged model's prediction instead of the
 # uniform ensemble's (the server has that model; the registered rule does not use it).
 CLASS_COUNT_FROM_AVERAGED = "class-count-from-averaged"
@@ -41,13 +43,15 @@ def size_weights(logits: torch.Tensor, log_odds: torch.Tensor,
 
 
 def diagnostic_rules(entropy_tau: float, with_discriminators: bool,
-                     histograms: torch.Tensor | None = None) -> dict[str, WeightRule]:
+                     histograms: torch.Tensor | None = None,
+                     capped: bool = True) -> dict[str, WeightRule]:
     """Every registered rule (those reading discriminators only when there are any, those
-    reading label counts only when `histograms` are given), the size-only weights and the
-    sharpened odds."""
+    reading label counts only when `histograms` are given, odds-unsquashed only on the paper's
+    capped odds), the size-only weights and the sharpened odds."""
     rules = {name: weighting_rule(name, entropy_tau, histograms=histograms) for name in WEIGHTINGS
              if (with_discriminators or name not in NEEDS_DISCRIMINATORS)
-             and (histograms is not None or name not in NEEDS_LABEL_COUNTS)}
+             and (histograms is not None or name not in NEEDS_LABEL_COUNTS)
+             and (capped or name != UNSQUASHED)}
     rules["size"] = size_weights
     if with_discriminators:
         rules.update({f"odds-beta{b}": partial(odds_weights, beta=float(b)) for b in ODDS_BETAS})
@@ -65,14 +69,16 @@ def ensemble_diagnostics(logits: torch.Tensor, log_odds: torch.Tensor | None,
                          num_examples: torch.Tensor, labels: torch.Tensor, *,
                          active: torch.Tensor, entropy_tau: float = 1.0,
                          histograms: torch.Tensor | None = None,
-                         averaged_logits: torch.Tensor | None = None) -> dict:
+                         averaged_logits: torch.Tensor | None = None,
+                         capped: bool = True) -> dict:
     """Diagnostics of one round's ensemble on labelled images.
 
     logits [K, N, C] of the round's client models; log_odds [K, N] of their discriminators (None
     when the strategy has none); num_examples n_k [K]; labels [N]; active: the weights [K, N]
     of the run's own rule;
     histograms [K, C] of the clients' labels (the oracle and the class-count rules), or None;
-    averaged_logits [N, C] of the round's averaged model, where the class-count rules start.
+    averaged_logits [N, C] of the round's averaged model, where the class-count rules start;
+    capped: the odds are the paper's (False: calibrated, see gan.platt_calibration).
 
     Returns {space: {rule: {acc, loss}}} for both ensemble spaces (the oracle as 'label-oracle';
     with averaged_logits also the run's rule with the averaged model as a member),
@@ -81,7 +87,7 @@ def ensemble_diagnostics(logits: torch.Tensor, log_odds: torch.Tensor | None,
     own rule as 'active'.
     """
     odds_in = log_odds if log_odds is not None else torch.zeros(logits.shape[:2])
-    rules = diagnostic_rules(entropy_tau, log_odds is not None, histograms)
+    rules = diagnostic_rules(entropy_tau, log_odds is not None, histograms, capped)
     weights = {name: rule(logits, odds_in, num_examples) for name, rule in rules.items()}
     out: dict = {}
     if histograms is not None:

@@ -1,5 +1,5 @@
 """Pre-FL stage training: the server's WGAN-GP generator (G1) and the clients' discriminators
-(Algorithm 3)."""
+(Algorithm 3), with the options beyond the paper: other negatives than G, Platt calibration."""
 
 from __future__ import annotations
 
@@ -71,11 +71,35 @@ def train_wgan_gp(generator: Generator, critic: Critic, u: torch.Tensor, *, step
             "generator-loss": g_loss, "seconds": time.perf_counter() - start}
 
 
-def train_discriminator(discriminator: Discriminator, generator: Generator, x: torch.Tensor, *,
+# The choices of `discriminator-negatives` and `discriminator-calibration`.
+NEGATIVES = ("generator", "server-sample")
+CALIBRATIONS = ("none", "platt")
+
+# Where a discriminator's fakes come from: `negatives(n, gen)` -> n images in [-1, 1].
+Negatives = Callable[[int, torch.Generator], torch.Tensor]
+
+
+def generator_negatives(generator: Generator) -> Negatives:
+    """Samples of the fixed G (Algorithm 3)."""
+    generator.eval()
+    return lambda n, gen: generator.sample(n, gen)
+
+
+def image_negatives(images: torch.Tensor, *, flip: bool = True) -> Negatives:
+    """Images drawn with replacement from uint8 `images` (a sample of the server's unlabeled
+    set standing in for G; not in the paper), randomly flipped as the real ones are."""
+    def draw(n: int, gen: torch.Generator) -> torch.Tensor:
+        x = to_unit_range(images[torch.randint(len(images), (n,), generator=gen)])
+        return random_hflip(x, gen) if flip else x
+    return draw
+
+
+def train_discriminator(discriminator: Discriminator, negatives: Negatives, x: torch.Tensor, *,
                         epochs: int, lr: float = 2e-4, batch_size: int = 64, flip: bool = True,
                         seed: int = 0, device: torch.device = torch.device("cpu"),
                         after_epoch: Callable[[int], None] | None = None) -> dict:
-    """Algorithm 3: vanilla GAN loss, real = the client's images, fake = samples of the fixed G.
+    """Algorithm 3: vanilla GAN loss, real = the client's images, fake = `negatives` (samples of
+    the fixed G in the paper).
 
     D = sigmoid(s) with s = sigmoid(logit), so binary cross-entropy is taken on s as the logit.
     after_epoch(e) is called after each epoch e (1-based), e.g. to snapshot D; it must leave D
@@ -84,7 +108,6 @@ def train_discriminator(discriminator: Discriminator, generator: Generator, x: t
     start = time.perf_counter()
     gen = torch.Generator().manual_seed(seed)
     discriminator.to(device).train()
-    generator.to(device).eval()
     opt = torch.optim.Adam(discriminator.parameters(), lr=lr, betas=(0.5, 0.999))
 
     def batch_loss(idx: torch.Tensor) -> torch.Tensor:
@@ -92,7 +115,7 @@ def train_discriminator(discriminator: Discriminator, generator: Generator, x: t
         if flip:
             real = random_hflip(real, gen)
         with torch.no_grad():
-            fake = generator.sample(len(idx), gen)
+            fake = negatives(len(idx), gen).to(device)
         s_real, s_fake = discriminator.log_odds(real), discriminator.log_odds(fake)
         return (F.binary_cross_entropy_with_logits(s_real, torch.ones_like(s_real))
                 + F.binary_cross_entropy_with_logits(s_fake, torch.zeros_like(s_fake)))
@@ -104,8 +127,47 @@ def train_discriminator(discriminator: Discriminator, generator: Generator, x: t
             "discriminator-seconds": time.perf_counter() - start}
 
 
-def log_odds(discriminator: Discriminator, x: torch.Tensor, *, device: torch.device,
-             flip: bool = False) -> torch.Tensor:
-    """log Phi_k(x) for uint8 images x."""
+def platt_calibration(real_logits: torch.Tensor, fake_logits: torch.Tensor,
+                      max_iter: int = 100) -> tuple[float, float]:
+    """Platt scaling of a discriminator's inner logit l (not in the paper): the (a, b), a > 0,
+    that make sigmoid(a l + b) a calibrated probability of "real" on held-out images of the
+    client (label 1) against as many negatives (label 0), by binary cross-entropy (L-BFGS).
+    log Phi = a l + b is then the log of the estimated density ratio p_k / p_neg, with no cap;
+    a > 0 keeps the order of the images."""
+    s = torch.cat([real_logits, fake_logits]).double()
+    y = torch.cat([torch.ones(len(real_logits)), torch.zeros(len(fake_logits))]).double()
+    log_a = torch.zeros((), dtype=torch.float64, requires_grad=True)
+    b = torch.zeros((), dtype=torch.float64, requires_grad=True)
+    opt = torch.optim.LBFGS([log_a, b], max_iter=max_iter, line_search_fn="strong_wolfe")
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        loss = F.binary_cross_entropy_with_logits(log_a.clamp(max=10).exp() * s + b, y)
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    return float(log_a.detach().clamp(max=10).exp()), float(b.detach())
+
+
+def calibrate_discriminator(discriminator: Discriminator, negatives: Negatives,
+                            held_out: torch.Tensor, *, seed: int,
+                            device: torch.device = torch.device("cpu")) -> tuple[float, float]:
+    """Platt's (a, b) for D on the held-out uint8 images against as many fresh negatives."""
+    gen = torch.Generator().manual_seed(seed)
     discriminator.to(device).eval()
-    return apply_in_batches(discriminator.log_odds, x, device=device, flip=flip)
+    real = apply_in_batches(discriminator.logit, held_out, device=device)
+    with torch.no_grad():
+        fake = discriminator.logit(negatives(len(held_out), gen).to(device)).float().cpu()
+    return platt_calibration(real, fake)
+
+
+def log_odds(discriminator: Discriminator, x: torch.Tensor, *, device: torch.device,
+             flip: bool = False, calibration: tuple[float, float] | None = None) -> torch.Tensor:
+    """log Phi_k(x) for uint8 images x: the paper's sigmoid(logit), in (0, 1), or with a
+    calibration (a, b) the uncapped a * logit + b (see platt_calibration)."""
+    discriminator.to(device).eval()
+    if calibration is None:
+        return apply_in_batches(discriminator.log_odds, x, device=device, flip=flip)
+    a, b = calibration
+    return apply_in_batches(discriminator.logit, x, device=device, flip=flip) * a + b

@@ -1,10 +1,12 @@
 """Budget sweep, round 1 only (in the spirit of the paper's Tables 12 and 13): the ensemble
 test accuracy of every weighting rule against generator steps and discriminator epochs, at
-several numbers of local epochs, all on the SAME client models.
+several numbers of local epochs, and for the discriminator options beyond the paper
+(calibrated, trained against a sample of U), all on the SAME client models.
 
     python -m fedgo_lab.sweep [--alphas 0.1 0.05] [--seed 0] [--clients 20]
         [--generator-steps 0 100 300 1000] [--discriminator-epochs 2 5 10]
-        [--local-epochs 1 5] [--config KEY=VALUE ...] [--out results/sweep] [--repo DIR]
+        [--local-epochs 1 5] [--discriminators paper calibrated server-sample ...]
+        [--config KEY=VALUE ...] [--out results/sweep] [--repo DIR]
 
 Round 1 is rebuilt exactly as a run makes it (same split, partitions, sampled clients, initial
 model and client seeds), with the library's functions instead of messages. Generators are
@@ -27,16 +29,26 @@ import torch
 
 from fedgo_flwr.config import Config
 from fedgo_flwr.data import client_data, load_dataset, server_data
-from fedgo_flwr.diagnostics import ORACLE, ensemble_diagnostics
-from fedgo_flwr.gan import log_odds, train_discriminator, train_wgan_gp
+from fedgo_flwr.diagnostics import (CLASS_COUNT_FROM_AVERAGED, ORACLE, WITH_AVERAGED,
+                                    ensemble_diagnostics)
+from fedgo_flwr.gan import (Negatives, calibrate_discriminator, generator_negatives,
+                            image_negatives, log_odds, train_discriminator, train_wgan_gp)
 from fedgo_flwr.generator_cache import generator_description, load_generator, save_generator
 from fedgo_flwr.models import Critic, create_classifier
 from fedgo_flwr.seeds import client_seed, round_seed
 from fedgo_flwr.server.clients import sample_partitions
 from fedgo_flwr.strategies.base import ClientModel, weighted_average
-from fedgo_flwr.strategies.fedgo import new_discriminator, new_generator
+from fedgo_flwr.strategies.fedgo import (hold_out, new_local_discriminator, new_generator,
+                                         server_sample)
 from fedgo_flwr.train import evaluate, predict_logits, resolve_device, train_classifier
 from fedgo_flwr.weighting import odds_weights
+
+# The discriminators a FedGO run can get: (discriminator-negatives, discriminator-calibration).
+VARIANTS = {"paper": ("generator", "none"), "calibrated": ("generator", "platt"),
+            "server-sample": ("server-sample", "none"),
+            "server-sample-calibrated": ("server-sample", "platt")}
+# generator_steps of the rows whose discriminators learnt against the sample of U.
+NO_GENERATOR = -1
 from fedgo_lab.cli import add_config_flag, add_out_flag, add_repo_flag, config_from, repo_of
 
 
@@ -97,38 +109,54 @@ def client_models(cfg: Config, pids: list[int], num_clients: int, epochs: int, d
     return nets
 
 
-def discriminator_odds(cfg: Config, generator_state: dict, pids: list[int], num_clients: int,
-                       epochs: list[int], test_x, device, image_shape) -> dict[int, torch.Tensor]:
-    """log Phi_k on the test split [K, N] after each number of discriminator epochs."""
-    g = new_generator(cfg, image_shape)
-    g.load_state_dict(generator_state)
-    g.eval()
+def discriminator_odds(cfg: Config, negatives: Negatives, calibrated: bool, pids: list[int],
+                       num_clients: int, epochs: list[int], test_x, device,
+                       image_shape) -> dict[int, torch.Tensor]:
+    """log Phi_k on the test split [K, N] after each number of discriminator epochs, each D_k
+    trained (and calibrated) as the ClientApp does it."""
     per_epoch: dict[int, list[torch.Tensor]] = {e: [] for e in epochs}
     for pid in pids:
         x, _ = client_data(cfg, pid, num_clients)
         seed = client_seed(cfg.seed, pid)
-        torch.manual_seed(seed)  # D_k's initialisation, as the ClientApp makes it
-        d = new_discriminator(cfg, image_shape)
+        x, held_out = hold_out(x, cfg.calibration_fraction if calibrated else 0.0, seed)
+        d = new_local_discriminator(seed, image_shape, cfg.discriminator_width)
 
         def snapshot(epoch: int) -> None:
             if epoch in per_epoch:
-                per_epoch[epoch].append(log_odds(d, test_x, device=device))
+                cal = calibrate_discriminator(d, negatives, held_out, seed=seed + 1,
+                                              device=device) if calibrated else None
+                per_epoch[epoch].append(log_odds(d, test_x, device=device, calibration=cal))
                 d.train()
 
-        train_discriminator(d, g, x, epochs=max(epochs), lr=cfg.discriminator_lr,
+        train_discriminator(d, negatives, x, epochs=max(epochs), lr=cfg.discriminator_lr,
                             batch_size=cfg.gan_batch_size, flip=cfg.flip, seed=seed,
                             device=device, after_epoch=snapshot)
     return {e: torch.stack(v) for e, v in per_epoch.items()}
 
 
+def negatives_of(cfg: Config, variant: str, gens: dict[int, dict], u, image_shape
+                 ) -> dict[int, Negatives]:
+    """The negatives of a variant, by generator steps (NO_GENERATOR: the sample of U)."""
+    if VARIANTS[variant][0] == "server-sample":
+        return {NO_GENERATOR: image_negatives(server_sample(u, cfg.server_sample_size, cfg.seed),
+                                              flip=cfg.flip)}
+    out = {}
+    for steps, state in gens.items():
+        g = new_generator(cfg, image_shape)
+        g.load_state_dict(state)
+        out[steps] = generator_negatives(g)
+    return out
+
+
 def sweep(cfg: Config, alphas, num_clients, generator_steps, discriminator_epochs,
-          local_epochs) -> list[dict]:
+          local_epochs, variants=("paper",)) -> list[dict]:
     device = resolve_device(cfg.server_device)
     data = load_dataset(cfg.dataset, cfg.data_path)
     u, test_x, test_y = server_data(cfg)
     image_shape = tuple(u.shape[1:])
     start = time.perf_counter()
-    gens = generators(cfg, u, sorted(set(generator_steps)), device)
+    needs_g = any(VARIANTS[v][0] == "generator" for v in variants)
+    gens = generators(cfg, u, sorted(set(generator_steps)), device) if needs_g else {}
     say(f"generators ready ({time.perf_counter() - start:.0f} s)")
     pids = sample_partitions(list(range(num_clients)), cfg.fraction_train, cfg.seed, 1)
     rows = []
@@ -152,44 +180,57 @@ def sweep(cfg: Config, alphas, num_clients, generator_steps, discriminator_epoch
             averaged[e] = predict_logits(avg, test_x, device=device)
             say(f"alpha {alpha:g}: {e} local epoch(s) trained, FedAvg {100 * fedavg[e]:.1f} % "
                 f"({time.perf_counter() - t:.0f} s)")
-        for steps in sorted(gens):
+        for variant, steps, negatives in [(v, s, n) for v in variants for s, n in
+                                          negatives_of(acfg, v, gens, u, image_shape).items()]:
+            calibrated = VARIANTS[variant][1] != "none"
             t = time.perf_counter()
-            odds = discriminator_odds(acfg, gens[steps], pids, num_clients,
+            odds = discriminator_odds(acfg, negatives, calibrated, pids, num_clients,
                                       sorted(set(discriminator_epochs)), test_x, device,
                                       image_shape)
-            say(f"alpha {alpha:g}: discriminators against G({steps} steps) trained "
+            against = "the sample of U" if steps == NO_GENERATOR else f"G({steps} steps)"
+            say(f"alpha {alpha:g}: {variant} discriminators against {against} trained "
                 f"({time.perf_counter() - t:.0f} s)")
             for d_epochs, log_phi in odds.items():
                 for e in sorted(logits):
                     diag = ensemble_diagnostics(logits[e], log_phi, n_k, test_y,
                                                 active=odds_weights(logits[e], log_phi, n_k),
-                                                histograms=hist, averaged_logits=averaged[e])
-                    rows.append({"alpha": alpha, "local_epochs": e, "generator_steps": steps,
-                                 "discriminator_epochs": d_epochs, "fedavg_acc": fedavg[e],
-                                 "clients": pids, **diag})
+                                                histograms=hist, averaged_logits=averaged[e],
+                                                capped=not calibrated)
+                    rows.append({"alpha": alpha, "local_epochs": e, "discriminators": variant,
+                                 "generator_steps": steps, "discriminator_epochs": d_epochs,
+                                 "fedavg_acc": fedavg[e], "clients": pids, **diag})
     return rows
 
 
-# Columns of the markdown table: (header, space, rule).
+# Columns of the markdown table: (header, space, rule); a rule a row lacks shows "-".
 TABLE = (("uniform", "logits", "uniform"), ("odds", "logits", "odds"),
          ("odds β=4", "logits", "odds-beta4"), ("odds unsquashed", "logits", "odds-unsquashed"),
          ("domain-aware", "logits", "domain-aware"), ("uniform (prob.)", "probabilities", "uniform"),
          ("odds (prob.)", "probabilities", "odds"),
-         ("odds β=4 (prob.)", "probabilities", "odds-beta4"), ("label oracle", "logits", ORACLE))
+         ("odds β=4 (prob.)", "probabilities", "odds-beta4"),
+         ("class-count", "logits", "class-count"),
+         ("class-count from averaged", "logits", CLASS_COUNT_FROM_AVERAGED),
+         ("odds + averaged", "logits", WITH_AVERAGED), ("label oracle", "logits", ORACLE))
+# The rules whose weight on the oracle's client is shown.
+WEIGHT_ON_ORACLE = ("uniform", "odds", "odds-beta4", "class-count")
 
 
 def markdown(rows: list[dict]) -> str:
-    head = ["alpha", "local ep.", "G steps", "D ep.", "FedAvg"] + [h for h, _, _ in TABLE] + [
-        "w(oracle client): uniform / odds", "Phi mean", "Phi near e"]
+    head = ["alpha", "local ep.", "D", "G steps", "D ep.", "FedAvg"] + [h for h, _, _ in TABLE] + [
+        "w(oracle client): " + " / ".join(WEIGHT_ON_ORACLE), "Phi mean", "Phi near e"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in sorted(rows, key=lambda r: (-r["alpha"], r["local_epochs"], r["generator_steps"],
+    for r in sorted(rows, key=lambda r: (-r["alpha"], r["local_epochs"],
+                                         r.get("discriminators", "paper"), r["generator_steps"],
                                          r["discriminator_epochs"])):
         w = r["weight_on_oracle_client"]
-        cells = [f"{r['alpha']:g}", str(r["local_epochs"]), str(r["generator_steps"]),
-                 str(r["discriminator_epochs"]), f"{100 * r['fedavg_acc']:.1f}"]
-        cells += [f"{100 * r[space][rule]['acc']:.1f}" for _, space, rule in TABLE]
-        cells += [f"{w['uniform']:.2f} / {w['odds']:.2f}", f"{r['phi']['mean']:.2f}",
-                  f"{100 * r['phi']['share_near_cap']:.0f} %"]
+        steps = r["generator_steps"]
+        cells = [f"{r['alpha']:g}", str(r["local_epochs"]), r.get("discriminators", "paper"),
+                 "-" if steps == NO_GENERATOR else str(steps), str(r["discriminator_epochs"]),
+                 f"{100 * r['fedavg_acc']:.1f}"]
+        cells += [f"{100 * r[space][rule]['acc']:.1f}" if rule in r[space] else "-"
+                  for _, space, rule in TABLE]
+        cells += [" / ".join(f"{w[k]:.2f}" if k in w else "-" for k in WEIGHT_ON_ORACLE),
+                  f"{r['phi']['mean']:.2f}", f"{100 * r['phi']['share_near_cap']:.0f} %"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -207,6 +248,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="discriminator epoch counts")
     parser.add_argument("--local-epochs", type=int, nargs="+", default=[1, 5],
                         help="local epoch counts of the round-1 client models")
+    parser.add_argument("--discriminators", nargs="+", default=["paper"], choices=VARIANTS,
+                        help="discriminator options: paper (against G), calibrated (Platt, "
+                             "calibration-fraction held out), server-sample (against "
+                             "server-sample-size images of U), server-sample-calibrated")
     add_config_flag(parser, "default: pyproject's, with the full test set and results-dir "
                             "results/ in the repository")
     add_out_flag(parser, "sweep.json and sweep.md go", "results/sweep")
@@ -223,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or repo / "results" / "sweep"
     start = time.perf_counter()
     rows = sweep(cfg, args.alphas, args.clients, args.generator_steps,
-                 args.discriminator_epochs, args.local_epochs)
+                 args.discriminator_epochs, args.local_epochs, args.discriminators)
     out.mkdir(parents=True, exist_ok=True)
     (out / "sweep.json").write_text(json.dumps(
         {"config": cfg.to_run_config(), "clients": args.clients, "rows": rows,

@@ -73,7 +73,7 @@ torch.set_num_threads(1)
 TIERS = {
     "unit": {"test_config", "test_data", "test_distill", "test_generator_cache", "test_models",
              "test_weighting", "test_toy", "test_results", "test_bench", "test_packaging",
-             "test_teachers"},
+             "test_teachers", "test_gan"},
     "app": {"test_server", "test_strategies", "test_feddf", "test_resilience",
             "test_client_app", "test_diagnostics"},
     "e2e": {"test_flwr_run", "test_deploy"},

@@ -2,6 +2,7 @@
 
 import math
 
+import pytest
 import torch
 from flwr.app import ArrayRecord, Message, RecordDict
 
@@ -27,14 +28,35 @@ def test_query_reports_partition_and_size(tiny_config):
 
 def test_train_discriminator_returns_d_k(tiny_config):
     g = Generator(16, 1, 28, dim=8)
-    conf = config_record(discriminator_epochs=1, discriminator_lr=2e-4, batch_size=32, flip=True,
-                         seed=0, latent_dim=16, generator_width=8, discriminator_width=8)
     out = _call(tiny_config, "train.discriminator",
-                RecordDict({"generator": ArrayRecord(g.state_dict()), "config": conf}))
+                RecordDict({"generator": ArrayRecord(g.state_dict()), "config": _d_conf(0.0)}))
     d = Discriminator(1, 28, dim=8)
     d.load_state_dict(out["discriminator"].to_torch_state_dict())  # same architecture
     assert out["metrics"]["num-examples"] > 0
     assert math.isfinite(out["metrics"]["discriminator-loss"])
+    assert "odds-scale" not in out["metrics"]  # the paper's D_k: no calibration
+
+
+def _d_conf(calibration_fraction):
+    return config_record(discriminator_epochs=1, discriminator_lr=2e-4, batch_size=32, flip=True,
+                         seed=0, latent_dim=16, generator_width=8, discriminator_width=8,
+                         calibration_fraction=calibration_fraction)
+
+
+def test_a_calibrated_discriminator_against_the_servers_images(tiny_config):
+    """The options beyond the paper: negatives from a sample of U instead of G, and a Platt
+    calibration fitted on held-out images; n_k still counts every image."""
+    images = torch.randint(0, 256, (50, 1, 28, 28), dtype=torch.uint8)
+    content = RecordDict({"server-sample": ArrayRecord({"images": images}),
+                          "config": _d_conf(0.2)})
+    metrics = _call(tiny_config, "train.discriminator", content)["metrics"]
+    info = _call(tiny_config, "query", RecordDict())["info"]
+    assert metrics["num-examples"] == info["num-examples"]
+    assert metrics["odds-scale"] > 0 and math.isfinite(metrics["odds-shift"])
+    wrong = RecordDict({"server-sample": ArrayRecord({"images": images[:, :, :20, :20]}),
+                        "config": _d_conf(0.2)})
+    with pytest.raises(Exception, match="shape"):
+        _call(tiny_config, "train.discriminator", wrong)
 
 
 def _train_content(model):

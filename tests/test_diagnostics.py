@@ -89,6 +89,34 @@ def test_sweep_round_one_is_the_runs_round_one(tiny_config, tmp_path):
     assert again["rounds"][1]["server_test_acc"] == record["rounds"][1]["server_test_acc"]
 
 
+@pytest.mark.parametrize("variant", ["calibrated", "server-sample"])
+def test_the_sweeps_discriminator_options_are_what_a_run_with_that_option_gets(
+        variant, tiny_config, tmp_path):
+    """Each discriminator option beyond the paper, scored by the sweep on round 1's models,
+    equals a run with that option alone: its odds ensemble, and the run's own ensemble."""
+    from client_app.app import app as client_app
+    from fedgo_lab.inprocess import InProcessGrid
+    from fedgo_lab.sweep import VARIANTS, sweep
+    from server_app.app import run
+
+    negatives, calibration = VARIANTS[variant]
+    cfg = tiny_config.replace(num_server_rounds=1, diagnostics=True, generator_steps=1,
+                              discriminator_epochs=1, discriminator_negatives=negatives,
+                              discriminator_calibration=calibration, server_sample_size=40,
+                              calibration_fraction=0.2)
+    rows = sweep(cfg.replace(results_dir=str(tmp_path / "sweep")), [cfg.alpha], 4, [1], [1],
+                 [1], [variant])
+    row, = rows
+    record = json.loads(run(InProcessGrid(client_app, cfg.to_run_config(), 4), cfg).read_text())
+    first = record["rounds"][1]
+    for rule in ("odds", "odds-beta4", "class-count", "label-oracle"):
+        assert row["logits"][rule]["acc"] == first["diagnostics"]["logits"][rule]["acc"], rule
+    assert first["ensemble_test_acc"] == row["logits"]["odds"]["acc"]
+    assert ("odds-unsquashed" in row["logits"]) is (calibration == "none")
+    assert ("calibration" in record["pre_fl"]) is (calibration != "none")
+    assert ("generator" in record["pre_fl"]) is (negatives == "generator")
+
+
 def test_the_class_count_rule_from_the_averaged_model_is_the_oracle_when_that_model_is():
     """Two clients, each holding one class: an averaged model that predicts the class right
     makes the class-count ensemble the oracle's; from a wrong prediction it stays wrong."""

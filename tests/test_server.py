@@ -78,6 +78,30 @@ def test_malformed_replies_are_rejected_with_a_logged_reason(tiny_config, caplog
     assert np.isfinite(last["server_test_acc"]) and np.isfinite(last["ensemble_test_acc"])
 
 
+def test_a_discriminator_with_a_bad_calibration_is_left_out_of_the_odds(tiny_config, caplog):
+    """With calibrated discriminators, a reply whose (odds-scale, odds-shift) is missing,
+    non-positive or not finite is rejected with its reason; the run goes on without it."""
+    def tamper(reply):
+        if "discriminator" in reply.content.array_records:
+            metrics = reply.content.metric_records["metrics"]
+            if reply.metadata.src_node_id == 1000:  # partition 0
+                metrics["odds-scale"] = -1.0
+            if reply.metadata.src_node_id == 1017:  # partition 1
+                metrics["odds-shift"] = float("inf")
+        return reply
+
+    cfg = tiny_config.replace(discriminator_calibration="platt", calibration_fraction=0.2,
+                              fraction_train=1.0, num_server_rounds=1)
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        record, _ = _run(cfg, tamper=tamper)
+    assert "partition 0): calibration (odds-scale, odds-shift) is (-1.0," in caplog.text
+    assert "partition 1): calibration (odds-scale, odds-shift) is (" in caplog.text
+    assert set(record["pre_fl"]["replies"]["rejected"]) == {"0", "1"}
+    assert set(record["pre_fl"]["calibration"]) == {"2", "3"}
+    assert all(a > 0 for a, _ in record["pre_fl"]["calibration"].values())
+    assert np.isfinite(record["rounds"][-1]["ensemble_test_acc"])
+
+
 def test_two_nodes_claiming_one_partition_fail_fast(tiny_config):
     grid = InProcessGrid(client_app, tiny_config.to_run_config(), 3)
     second = list(grid.nodes)[1]

@@ -151,7 +151,8 @@ class EnsembleDistillation(FedAvgStrategy):
                 self.setup.test_y, active=weights, entropy_tau=cfg.entropy_tau,
                 histograms=self.clients.label_histograms([m.partition_id for m in models]),
                 averaged_logits=teacher_logits([average], self.setup.test_x,
-                                               device=self.setup.device, amp=self.setup.amp)[0])
+                                               device=self.setup.device, amp=self.setup.amp)[0],
+                capped=self.cfg.discriminator_calibration == "none")
             # what FedAvg keeps this round, where distillation started (`averaged` is unchanged)
             avg_acc, avg_loss = self.test_metrics(averaged)
             entry["diagnostics"]["averaged"] = {"acc": avg_acc, "loss": avg_loss}

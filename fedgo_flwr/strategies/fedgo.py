@@ -1,10 +1,15 @@
 """FedGO (Algorithm 2): a pre-FL stage that gives every client the generator G once and gets
 back its discriminator D_k (Algorithm 3, the client handler `train.discriminator` below), then
 FedAvg rounds each followed by ensemble distillation on U with the odds weights
-w_k(u) = n_k Phi_k(u) / sum_i n_i Phi_i(u)."""
+w_k(u) = n_k Phi_k(u) / sum_i n_i Phi_i(u).
+
+Beyond the paper, behind keys whose defaults are the paper's: a sample of U instead of G as
+the discriminators' negatives (`discriminator-negatives`), and Platt-calibrated odds without
+the cap e (`discriminator-calibration`)."""
 
 from __future__ import annotations
 
+import math
 import time
 from logging import INFO, WARNING
 
@@ -15,19 +20,27 @@ from flwr.serverapp import Grid
 
 from fedgo_flwr.client_context import Local, config_of, reply
 from fedgo_flwr.diagnostics import phi_stats
-from fedgo_flwr.gan import log_odds, train_discriminator, train_wgan_gp
+from fedgo_flwr.gan import (calibrate_discriminator, generator_negatives, image_negatives,
+                            log_odds, train_discriminator, train_wgan_gp)
 from fedgo_flwr.generator_cache import generator_description, load_generator, save_generator
 from fedgo_flwr.models import Critic, Discriminator, Generator
 from fedgo_flwr.seeds import client_seed
 from fedgo_flwr.server.clients import config_record
 from fedgo_flwr.server.record import RunRecord
-from fedgo_flwr.server.replies import payload_bytes
+from fedgo_flwr.server.replies import payload_bytes, reply_problem
 from fedgo_flwr.strategies.base import CLIENT, ClientModel, ServerSetup
 from fedgo_flwr.strategies.ensemble import MARKS, READS, EnsembleDistillation
 from fedgo_flwr.strategies.registry import StrategySpec
 from fedgo_flwr.weighting import NEEDS_LABEL_COUNTS, WeightRule, weighting_rule
 
 TRAIN_DISCRIMINATOR = "train.discriminator"
+SERVER_SAMPLE = "server-sample"  # the ArrayRecord of U's images sent instead of G
+
+
+def server_sample(u: torch.Tensor, size: int, seed: int) -> torch.Tensor:
+    """The seeded sample of U sent instead of G (discriminator-negatives = server-sample)."""
+    order = torch.randperm(len(u), generator=torch.Generator().manual_seed(seed))
+    return u[order[:size]].clone()
 
 
 def new_generator(cfg, image_shape) -> Generator:
@@ -52,13 +65,23 @@ class FedGO(EnsembleDistillation):
         self.row: dict[int, int] = {}  # partition id -> row of the cached odds
         self.cached_u_log_odds = torch.empty(0)  # [K, V, |U|]
         self.cached_test_log_odds = torch.empty(0)  # [K, |test|]
+        self.calibrated = cfg.discriminator_calibration != "none"
 
     # ------------------------------------------------------------------ pre-FL stage
     def prepare(self, grid: Grid) -> None:
         super().prepare(grid)
-        generator = self.obtain_generator()
-        discriminators = self.collect_discriminators(grid, generator)
+        discriminators = self.collect_discriminators(grid, self.negatives())
         self.cache_odds(discriminators)
+
+    def negatives(self) -> tuple[str, ArrayRecord]:
+        """What the discriminators learn against: G (the paper), or a seeded sample of U."""
+        cfg, u = self.cfg, self.setup.u
+        if cfg.discriminator_negatives == "server-sample":
+            sample = server_sample(u, cfg.server_sample_size, cfg.seed)
+            self.record.data["pre_fl"]["server_sample"] = len(sample)
+            log(INFO, "pre-FL: %d images of U stand in for G", len(sample))
+            return SERVER_SAMPLE, ArrayRecord({"images": sample})
+        return "generator", ArrayRecord(self.obtain_generator().state_dict())
 
     def obtain_generator(self) -> Generator:
         """(G1): WGAN-GP on the server's unlabeled data; 0 steps = randomly initialised G.
@@ -94,19 +117,23 @@ class FedGO(EnsembleDistillation):
         self.record.data["pre_fl"]["generator"] = {**info, "reused": False}
         return generator.cpu().eval()
 
-    def collect_discriminators(self, grid: Grid, generator: Generator) -> dict[int, Discriminator]:
-        """Send G to every client once; each returns D_k trained by Algorithm 3."""
+    def collect_discriminators(self, grid: Grid, negatives: tuple[str, ArrayRecord]
+                               ) -> dict[int, Discriminator]:
+        """Send the negatives (G) to every client once; each returns D_k trained by
+        Algorithm 3 (and its calibration)."""
         cfg = self.cfg
-        arrays = ArrayRecord(generator.state_dict())
+        kind, arrays = negatives
         config = config_record(discriminator_epochs=cfg.discriminator_epochs,
                                discriminator_lr=cfg.discriminator_lr,
                                batch_size=cfg.gan_batch_size, flip=cfg.flip, seed=cfg.seed,
                                latent_dim=cfg.latent_dim, generator_width=cfg.generator_width,
-                               discriminator_width=cfg.discriminator_width)
-        content = RecordDict({"generator": arrays, "config": config})
+                               discriminator_width=cfg.discriminator_width,
+                               calibration_fraction=cfg.calibration_fraction
+                               if self.calibrated else 0.0)
+        content = RecordDict({kind: arrays, "config": config})
         expected = {c.node_id: p for p, c in self.clients.by_partition.items()}
-        log(INFO, "pre-FL: sending G to %d clients for %d discriminator epoch(s)",
-            len(expected), cfg.discriminator_epochs)
+        log(INFO, "pre-FL: sending the %s to %d clients for %d discriminator epoch(s)",
+            kind, len(expected), cfg.discriminator_epochs)
         self.record.sent("pre_fl", "down", arrays.count_bytes() * len(expected))
         start = time.perf_counter()
         replies = self.exchange(
@@ -132,19 +159,36 @@ class FedGO(EnsembleDistillation):
         for m in received:
             d = new_discriminator(cfg, self.setup.image_shape)
             d.load_state_dict(m.state)
-            discriminators[m.partition_id] = d
+            discriminators[m.partition_id] = (d, calibration_of(m.metrics) if self.calibrated
+                                              else None)
+        if self.calibrated:
+            self.record.data["pre_fl"]["calibration"] = {
+                str(p): list(cal) for p, (_, cal) in discriminators.items()}
         return discriminators
 
-    def cache_odds(self, discriminators: dict[int, Discriminator]) -> None:
+    def reply_problem(self, reply: Message, array_key: str,
+                      template: dict[str, torch.Tensor]) -> str | None:
+        why = reply_problem(reply, array_key, template)
+        if why or array_key != "discriminator" or not self.calibrated:
+            return why
+        metrics = reply.content.metric_records["metrics"]
+        a, b = metrics.get("odds-scale"), metrics.get("odds-shift")
+        if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in (a, b)) or a <= 0:
+            return (f"calibration (odds-scale, odds-shift) is ({a}, {b}); expected finite "
+                    "numbers with odds-scale > 0")
+        return None
+
+    def cache_odds(self, discriminators: dict[int, tuple[Discriminator, tuple | None]]) -> None:
         """log Phi_k on every view of U and on the test split, once: D_k never changes."""
         start = time.perf_counter()
         dev, u = self.setup.device, self.setup.u
         self.row = {p: i for i, p in enumerate(sorted(discriminators))}
         on_u, on_test = [], []
         for p in self.row:
-            on_u.append(torch.stack([log_odds(discriminators[p], u, device=dev, flip=v == 1)
+            d, cal = discriminators[p]
+            on_u.append(torch.stack([log_odds(d, u, device=dev, flip=v == 1, calibration=cal)
                                      for v in range(self.views)]))
-            on_test.append(log_odds(discriminators[p], self.setup.test_x, device=dev))
+            on_test.append(log_odds(d, self.setup.test_x, device=dev, calibration=cal))
             log(INFO, "pre-FL: odds of partition %d on U and the test split (%d/%d)", p,
                 len(on_u), len(self.row))
         self.cached_u_log_odds = torch.stack(on_u)
@@ -177,22 +221,63 @@ class FedGO(EnsembleDistillation):
 
 
 # ---------------------------------------------------------------------------- client side
+def calibration_of(metrics) -> tuple[float, float]:
+    """(a, b) of a calibrated D_k, from its reply's metrics."""
+    return float(metrics["odds-scale"]), float(metrics["odds-shift"])
+
+
 def discriminator_update(message: Message, local: Local) -> Message:
-    """Algorithm 3: D_k trained to tell S_k from samples of the server's generator G."""
+    """Algorithm 3: D_k trained to tell S_k from samples of the server's generator G (or from
+    the server's sample of U); with a calibration fraction, that share of S_k is held out of
+    training and D_k's Platt calibration (a, b) fitted on it is sent as odds-scale/odds-shift."""
     conf = config_of(message)
     c, h, _ = local.image_shape
-    generator = Generator(int(conf["latent-dim"]), c, h, int(conf["generator-width"]))
-    generator.load_state_dict(message.content.array_records["generator"].to_torch_state_dict())
+    flip = bool(conf["flip"])
+    records = message.content.array_records
+    if SERVER_SAMPLE in records:
+        images = records[SERVER_SAMPLE].to_torch_state_dict()["images"]
+        if tuple(images.shape[1:]) != local.image_shape:
+            raise ValueError(f"the server's sample has images of shape {tuple(images.shape[1:])}"
+                             f", this client's are {local.image_shape}")
+        negatives = image_negatives(images, flip=flip)
+    else:
+        generator = Generator(int(conf["latent-dim"]), c, h, int(conf["generator-width"]))
+        generator.load_state_dict(records["generator"].to_torch_state_dict())
+        negatives = generator_negatives(generator.to(local.device))
     seed = client_seed(int(conf["seed"]), local.partition_id)
-    torch.manual_seed(seed)  # D_k's initialisation
-    discriminator = Discriminator(c, h, int(conf["discriminator-width"]))
-    result = train_discriminator(discriminator, generator, local.x,
+    x, held_out = hold_out(local.x, float(conf["calibration-fraction"]), seed)
+    discriminator = new_local_discriminator(seed, local.image_shape,
+                                            int(conf["discriminator-width"]))
+    result = train_discriminator(discriminator, negatives, x,
                                  epochs=int(conf["discriminator-epochs"]),
                                  lr=float(conf["discriminator-lr"]),
-                                 batch_size=int(conf["batch-size"]), flip=bool(conf["flip"]),
+                                 batch_size=int(conf["batch-size"]), flip=flip,
                                  seed=seed, device=local.device)
+    if len(held_out):
+        a, b = calibrate_discriminator(discriminator, negatives, held_out, seed=seed + 1,
+                                       device=local.device)
+        result.update({"odds-scale": a, "odds-shift": b})
     return reply(message, {"num-examples": len(local.x), **result},
                  discriminator=ArrayRecord(discriminator.cpu().state_dict()))
+
+
+def new_local_discriminator(seed: int, image_shape, width: int) -> Discriminator:
+    """D_k as client k initialises it (from its client seed)."""
+    torch.manual_seed(seed)
+    c, h, _ = image_shape
+    return Discriminator(c, h, width)
+
+
+def hold_out(x: torch.Tensor, fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A seeded split of x into (training, held-out) with about `fraction` held out (at least
+    one image each side when fraction > 0)."""
+    if fraction <= 0:
+        return x, x[:0]
+    if len(x) < 2:
+        raise ValueError(f"calibrating D_k needs at least 2 images, this client has {len(x)}")
+    order = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))
+    held = min(len(x) - 1, max(1, round(fraction * len(x))))
+    return x[order[held:]], x[order[:held]]
 
 
 FEDGO = StrategySpec("fedgo", FedGO, {**CLIENT, TRAIN_DISCRIMINATOR: discriminator_update},
