@@ -119,6 +119,10 @@ class Config:
     odds_beta: float = key(1.0, "sharpened odds, w_k ~ n_k Phi_k^beta (odds-unsquashed: "
                            "its inverse temperature); 1 = the paper",
                            POSITIVE, ("weighting",))
+    averaged_share: float = key(0.0, "the round's averaged model as one more teacher holding "
+                                "this share of the ensemble's weight everywhere (the clients "
+                                "share the rest by the rule); 0 = the paper; not in the paper",
+                                Allowed("in [0, 1)", lambda v: 0 <= v < 1), ("distillation",))
     ensemble_space: str = key("logits", "where the weights mix the clients: logits "
                               "(Algorithm 2) or probabilities (Theorem 3.4)",
                               OneOf(ENSEMBLE_SPACES), ("distillation",))

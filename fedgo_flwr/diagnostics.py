@@ -18,7 +18,8 @@ from fedgo_flwr.distill import ENSEMBLE_SPACES, ensemble_log_probs
 from fedgo_flwr.train import accuracy_and_loss
 from fedgo_flwr.weighting import (NEEDS_DISCRIMINATORS, NEEDS_LABEL_COUNTS, WEIGHTINGS,
                                   WeightRule, class_count_ensemble_weights,
-                                  label_oracle_weights, odds_weights, weighting_rule)
+                                  label_oracle_weights, odds_weights, weighting_rule,
+                                  with_averaged_member)
 
 # Sharpened odds reported beside the paper's beta = 1 (see odds_weights).
 ODDS_BETAS = (2, 4, 8)
@@ -103,9 +104,9 @@ def ensemble_diagnostics(logits: torch.Tensor, log_odds: torch.Tensor | None,
             for name, w in {**weights, "active": active}.items()}
     members = {name: (logits, w) for name, w in weights.items()}
     if averaged_logits is not None:
-        share = torch.full_like(active[:1], AVERAGED_SHARE)
-        members[WITH_AVERAGED] = (torch.cat([logits, averaged_logits[None]]),
-                                  torch.cat([(1 - AVERAGED_SHARE) * active, share]))
+        with_averaged = torch.cat([logits, averaged_logits[None]])
+        members[WITH_AVERAGED] = (with_averaged, with_averaged_member(
+            lambda *_: active, AVERAGED_SHARE)(with_averaged, odds_in, num_examples))
     for space in ENSEMBLE_SPACES:
         out[space] = {}
         for name, (teachers, w) in members.items():

@@ -97,6 +97,17 @@ def class_count_ensemble_weights(logits: torch.Tensor, log_odds: torch.Tensor,
     return weights
 
 
+def with_averaged_member(rule: WeightRule, share: float) -> WeightRule:
+    """`rule` over the clients with the round's averaged model as one more member (not in the
+    paper): its logits come last in [K + 1, B, C], it gets `share` of the weight everywhere and
+    the clients (1 - share) of theirs; log-odds and n_k stay the clients' [K]."""
+    def weights(logits: torch.Tensor, log_odds: torch.Tensor,
+                num_examples: torch.Tensor) -> torch.Tensor:
+        inner = rule(logits[:-1], log_odds, num_examples)
+        return torch.cat([(1 - share) * inner, inner.new_full((1, inner.shape[1]), share)])
+    return weights
+
+
 WEIGHTINGS: dict[str, WeightRule] = {
     "odds": odds_weights,
     "odds-unsquashed": unsquashed_odds_weights,

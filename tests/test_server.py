@@ -157,6 +157,20 @@ def test_each_rule_alone_gives_what_the_all_rules_diagnostic_reports(tiny_config
     assert diag["averaged"]["acc"] != odds["rounds"][1]["server_test_acc"]  # distillation moved it
 
 
+def test_the_averaged_model_as_a_teacher_is_what_the_diagnostics_score(tiny_config):
+    """averaged-share = 0.5 gets the ensemble the diagnostics score as the run's own rule with
+    the averaged model as a member holding half the weight, on the same client models."""
+    base = tiny_config.replace(num_server_rounds=1, diagnostics=True)
+    paper = _run(base)[0]["rounds"][1]
+    member = _run(base.replace(averaged_share=0.5, run_name="member"))[0]["rounds"][1]
+    assert member["clients"] == paper["clients"]
+    scored = paper["diagnostics"]["logits"]["active+averaged"]
+    assert member["ensemble_test_acc"] == scored["acc"]
+    assert member["ensemble_test_loss"] == pytest.approx(scored["loss"], abs=1e-6)
+    assert member["diagnostics"]["logits"]["odds"] == paper["diagnostics"]["logits"]["odds"]
+    assert member["distill_loss"] != paper["distill_loss"]  # it distils toward another target
+
+
 def _info_replies(cfg):
     infos = []
 

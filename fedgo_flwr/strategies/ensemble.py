@@ -25,7 +25,7 @@ from fedgo_flwr.server.record import RunRecord
 from fedgo_flwr.strategies.base import ClientModel, FedAvgStrategy, ServerSetup
 from fedgo_flwr.teachers import teacher_logits
 from fedgo_flwr.train import accuracy_and_loss
-from fedgo_flwr.weighting import WeightRule
+from fedgo_flwr.weighting import WeightRule, with_averaged_member
 
 
 # What every ensemble strategy reads and how a results table marks its departures.
@@ -74,6 +74,11 @@ class EnsembleDistillation(FedAvgStrategy):
         counts gets theirs bound here)."""
         return self.weighting
 
+    def logits_of(self, net: torch.nn.Module, x: torch.Tensor, flip: bool = False
+                  ) -> torch.Tensor:
+        """One model's logits on images x, [1, N, C], as the teachers' are computed."""
+        return teacher_logits([net], x, device=self.setup.device, flip=flip, amp=self.setup.amp)
+
     # --- the shared distillation protocol
     def server_lr(self, server_round: int) -> float:
         """The distillation learning rate of round t: cosine-annealed over the T rounds
@@ -119,15 +124,27 @@ class EnsembleDistillation(FedAvgStrategy):
             net.load_state_dict(m.state)
             nets.append(net)
         n_k = torch.tensor([m.num_examples for m in models], dtype=torch.float32)
-        weighting = self.round_weighting(models)
+        client_rule = self.round_weighting(models)
+        average = self.setup.new_classifier()
+        average.load_state_dict(averaged)
+        member = cfg.averaged_share > 0  # the averaged model as the last teacher
+        weighting = (with_averaged_member(client_rule, cfg.averaged_share) if member
+                     else client_rule)
         student = self.setup.new_classifier()
         student.load_state_dict(averaged)
         batches = self.distill_batches(server_round)
+
+        def view_scores(v: int, samples: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            logits, log_odds = self.view_scores(models, nets, v, samples)
+            if member:
+                logits = torch.cat([logits, self.logits_of(average, u[samples], flip=v == 1)])
+            return logits, log_odds
+
         if batches:
             start = time.perf_counter()
             targets = view_pseudo_labels(  # once per round, not once per epoch
-                lambda v, samples: self.view_scores(models, nets, v, samples), len(u), n_k,
-                weighting, batches, views=self.views, space=cfg.ensemble_space)
+                view_scores, len(u), n_k, weighting, batches, views=self.views,
+                space=cfg.ensemble_space)
             seconds = time.perf_counter() - start
             self.record.time("pseudo_labelling", seconds, server_round)
             log(INFO, "round %d: pseudo-labels of %d teachers on U (%.1fs); distilling, %d "
@@ -139,19 +156,19 @@ class EnsembleDistillation(FedAvgStrategy):
 
         start = time.perf_counter()
         test_logits, log_odds = self.test_scores(models, nets)
-        weights = weighting(test_logits, log_odds, n_k)
-        acc, loss = accuracy_and_loss(ensemble_log_probs(test_logits, weights, cfg.ensemble_space),
+        average_logits = (self.logits_of(average, self.setup.test_x)
+                          if member or cfg.diagnostics else None)
+        teachers = torch.cat([test_logits, average_logits]) if member else test_logits
+        weights = weighting(teachers, log_odds, n_k)
+        acc, loss = accuracy_and_loss(ensemble_log_probs(teachers, weights, cfg.ensemble_space),
                                       self.setup.test_y)
         entry.update(ensemble_test_acc=acc, ensemble_test_loss=loss)
         if cfg.diagnostics:
-            average = self.setup.new_classifier()
-            average.load_state_dict(averaged)
             entry["diagnostics"] = ensemble_diagnostics(
                 test_logits, log_odds if self.has_discriminators else None, n_k,
-                self.setup.test_y, active=weights, entropy_tau=cfg.entropy_tau,
+                self.setup.test_y, active=client_rule(test_logits, log_odds, n_k), entropy_tau=cfg.entropy_tau,
                 histograms=self.clients.label_histograms([m.partition_id for m in models]),
-                averaged_logits=teacher_logits([average], self.setup.test_x,
-                                               device=self.setup.device, amp=self.setup.amp)[0],
+                averaged_logits=average_logits[0],
                 capped=self.cfg.discriminator_calibration == "none")
             # what FedAvg keeps this round, where distillation started (`averaged` is unchanged)
             avg_acc, avg_loss = self.test_metrics(averaged)
