@@ -11,8 +11,10 @@ client models each round),
 in how many rounds the run's own ensemble beat the round's averaged model (the model it
 distils into, what FedAvg keeps after the same clients), the mean weight its rule and the
 label oracle give the client holding most images of a test image's class, and the label
-oracle's ensemble accuracy. --plot draws the lead over FedAvg against the key, one panel per
-alpha, one line per row.
+oracle's ensemble accuracy. A second table puts every weighting rule on the same client
+models of row `--of`'s rounds: its mean ensemble accuracy and in how many rounds it beat the
+averaged model. --plot draws the lead over FedAvg against the key, one panel per alpha, one
+line per row.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from fedgo_lab.report import CENTRAL, FOCUS, label, load_records
+from fedgo_lab.report import CENTRAL, DIAGNOSTIC_COLUMNS, FOCUS, label, load_records
 
 BASELINE = "fedavg"
 
@@ -99,6 +101,32 @@ def regime_table(records: list[dict], key: str = "local-epochs", last: int = 3,
     return "\n".join(lines)
 
 
+def rules_table(records: list[dict], key: str = "local-epochs", of: str = FOCUS) -> str:
+    """Every rule the diagnostics score, on the client models of row `of`'s rounds: per alpha
+    and value of the key, "mean ensemble accuracy (rounds it beat the averaged model)"."""
+    cells = regime(records, key)
+    rounds = {(alpha, value): [r for rec in by_value[value].get(of, []) for r in rec["rounds"]
+                               if "averaged" in r.get("diagnostics", {})]
+              for alpha, by_value in cells.items() for value in by_value}
+    present = {(space, rule) for rs in rounds.values() for r in rs
+               for space in ("logits", "probabilities") for rule in r["diagnostics"][space]}
+    columns = [c for c in DIAGNOSTIC_COLUMNS if (c[1], c[2]) in present]
+    head = ["alpha", key, "rounds", "averaged (%)"] + [h for h, _, _ in columns]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for (alpha, value), rs in sorted(rounds.items(), key=lambda kv: (-kv[0][0], kv[0][1])):
+        if not rs:
+            continue
+        averaged = [r["diagnostics"]["averaged"]["acc"] for r in rs]
+        line = [f"{alpha:g}", str(value), str(len(rs)), f"{100 * statistics.mean(averaged):.1f}"]
+        for _, space, rule in columns:
+            accs = [(r["diagnostics"][space][rule]["acc"], avg) for r, avg in zip(rs, averaged)
+                    if rule in r["diagnostics"][space]]
+            line.append(f"{100 * statistics.mean(a for a, _ in accs):.1f} "
+                        f"({sum(a > avg for a, avg in accs)}/{len(accs)})" if accs else "-")
+        lines.append("| " + " | ".join(line) + " |")
+    return "\n".join(lines)
+
+
 def lead_figure(records: list[dict], key: str = "local-epochs", last: int = 3):
     """Lead over FedAvg (points) against the key: one panel per alpha, one line per row."""
     import matplotlib
@@ -157,6 +185,9 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         parser.error(f"--key {args.key!r} is not a run-config key of {missing[0]}")
     print(regime_table(records, args.key, args.last, args.of))
+    print(f"\nEvery rule on the client models of {args.of}'s rounds: mean ensemble accuracy "
+          "(rounds it beat the averaged model)\n")
+    print(rules_table(records, args.key, args.of))
     if args.plot:
         fig = lead_figure(records, args.key, args.last)
         args.plot.parent.mkdir(parents=True, exist_ok=True)

@@ -4,7 +4,7 @@ value of the varied key, and FedGO's mechanism columns from its diagnostics."""
 import pytest
 
 from fedgo_flwr.config import Config
-from fedgo_lab.regime import lead_figure, main, regime_table
+from fedgo_lab.regime import lead_figure, main, regime_table, rules_table
 
 pytestmark = pytest.mark.unit
 
@@ -19,7 +19,9 @@ def record(strategy, alpha, epochs, accs, seed=0, averaged=None, weights=None):
             entry["diagnostics"] = {
                 "averaged": {"acc": averaged[t - 1]},
                 "weight_on_oracle_client": {"active": weights[0], "label-oracle": weights[1]},
-                "logits": {"label-oracle": {"acc": 0.95}}}
+                "logits": {"label-oracle": {"acc": 0.95}, "odds": {"acc": acc + 0.01},
+                           "uniform": {"acc": 0.6}},
+                "probabilities": {}}
         rounds.append(entry)
     return {"config": config, "rounds": rounds, "run_name": f"{strategy}-{epochs}"}
 
@@ -63,3 +65,14 @@ def test_an_unknown_key_is_refused(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main([str(tmp_path), "--key", "local-epoch"])
     assert "--key 'local-epoch'" in capsys.readouterr().err
+
+
+def test_the_rules_table_scores_every_rule_against_the_averaged_model_round_by_round():
+    rows = rules_table(RECORDS).splitlines()
+    assert rows[0] == ("| alpha | local-epochs | rounds | averaged (%) | uniform | **odds** | "
+                       "label oracle |")
+    # 2 epochs: averaged 0.5, 0.7, 0.7, 0.7 (mean 65.0); odds 0.56, 0.61, 0.61, 0.61 beats it
+    # once; uniform 0.6 beats it once; the oracle (0.95) always
+    assert rows[2] == "| 0.1 | 2 | 4 | 65.0 | 60.0 (1/4) | 59.8 (1/4) | 95.0 (4/4) |"
+    assert rows[3] == "| 0.1 | 10 | 4 | 50.0 | 60.0 (4/4) | 68.5 (4/4) | 95.0 (4/4) |"
+    assert len(rows) == 4  # alpha 0.05 has no FedGO record
