@@ -131,11 +131,14 @@ def platt_calibration(real_logits: torch.Tensor, fake_logits: torch.Tensor,
                       max_iter: int = 100) -> tuple[float, float]:
     """Platt scaling of a discriminator's inner logit l (not in the paper): the (a, b), a > 0,
     that make sigmoid(a l + b) a calibrated probability of "real" on held-out images of the
-    client (label 1) against as many negatives (label 0), by binary cross-entropy (L-BFGS).
-    log Phi = a l + b is then the log of the estimated density ratio p_k / p_neg, with no cap;
-    a > 0 keeps the order of the images."""
+    client against as many negatives, by binary cross-entropy (L-BFGS) on Platt's smoothed
+    targets (N+ + 1) / (N+ + 2) and 1 / (N- + 2), which keep a finite on a few separable
+    images. log Phi = a l + b is then the log of the estimated density ratio p_k / p_neg, with
+    no cap; a > 0 keeps the order of the images."""
     s = torch.cat([real_logits, fake_logits]).double()
-    y = torch.cat([torch.ones(len(real_logits)), torch.zeros(len(fake_logits))]).double()
+    n_pos, n_neg = len(real_logits), len(fake_logits)
+    y = torch.cat([torch.full((n_pos,), (n_pos + 1) / (n_pos + 2)),
+                   torch.full((n_neg,), 1 / (n_neg + 2))]).double()
     log_a = torch.zeros((), dtype=torch.float64, requires_grad=True)
     b = torch.zeros((), dtype=torch.float64, requires_grad=True)
     opt = torch.optim.LBFGS([log_a, b], max_iter=max_iter, line_search_fn="strong_wolfe")

@@ -22,6 +22,10 @@ def test_calibration_keeps_a_perfectly_separable_discriminators_order():
     calibrated = a * logits + b
     assert torch.equal(calibrated.argsort(), logits.argsort())
     assert (a * real + b).min() > (a * fake + b).max()
+    # Platt's smoothed targets keep a finite on a few separable images: with two of each the
+    # target is 3/4, so no held-out image gets odds much beyond 3
+    a, b = platt_calibration(torch.tensor([1.0, 2.0]), torch.tensor([-2.0, -1.0]))
+    assert 0 < a < 5 and math.exp(2 * a + b) < 4
 
 
 def test_calibration_makes_overconfident_logits_honest():

@@ -30,7 +30,8 @@ from fedgo_flwr.weighting import WeightRule, with_averaged_member
 
 # What every ensemble strategy reads and how a results table marks its departures.
 READS = ("distillation",)
-MARKS = (("ensemble-space", "logits", "probabilities"), ("distill-schedule", "cosine", "{} lr"))
+MARKS = (("ensemble-space", "logits", "probabilities"), ("distill-schedule", "cosine", "{} lr"),
+         ("averaged-share", 0.0, "averaged {:g}"))
 
 class EnsembleDistillation(FedAvgStrategy):
     has_ensemble = True

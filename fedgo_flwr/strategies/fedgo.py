@@ -282,4 +282,6 @@ def hold_out(x: torch.Tensor, fraction: float, seed: int) -> tuple[torch.Tensor,
 
 FEDGO = StrategySpec("fedgo", FedGO, {**CLIENT, TRAIN_DISCRIMINATOR: discriminator_update},
                      reads=(*READS, "weighting", "generator", "pre-fl"),
-                     marks=(("weighting", "odds", "{}"), ("odds-beta", 1.0, "beta={:g}"), *MARKS))
+                     marks=(("weighting", "odds", "{}"), ("odds-beta", 1.0, "beta={:g}"),
+                            ("discriminator-negatives", "generator", "D vs {}"),
+                            ("discriminator-calibration", "none", "{}"), *MARKS))
