@@ -171,6 +171,7 @@ def diagnostics_table(record: dict) -> str:
         return "(no diagnostics in this record: run it with diagnostics = true)"
     columns = [c for c in DIAGNOSTIC_COLUMNS if c[2] in rounds[0]["diagnostics"][c[1]]]
     averaged = "averaged" in rounds[0]["diagnostics"]  # absent from older records
+    capped = record["config"].get("discriminator-calibration", "none") == "none"  # cap e
     head = (["round", "server"] + ["averaged (before distillation)"] * averaged
             + [h for h, _, _ in columns] + ["w(oracle client): own / uniform", "Phi near e"])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -182,7 +183,8 @@ def diagnostics_table(record: dict) -> str:
             cells.append(f"{100 * d['averaged']['acc']:.1f}")
         cells += [f"{100 * d[space][rule]['acc']:.1f}" for _, space, rule in columns]
         cells.append(f"{w['active']:.2f} / {w['uniform']:.2f}" if w else "-")
-        cells.append(f"{100 * d['phi']['share_near_cap']:.0f} %" if "phi" in d else "-")
+        cells.append(f"{100 * d['phi']['share_near_cap']:.0f} %" if "phi" in d and capped
+                     else "-")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -196,9 +196,10 @@ class FedGO(EnsembleDistillation):
         self.record.time("odds", time.perf_counter() - start)
         stats = phi_stats(self.cached_u_log_odds)
         self.record.data["pre_fl"]["phi_on_u"] = stats
-        log(INFO, "pre-FL: odds on U cached for %d clients (Phi in [%.3f, %.3f], mean %.3f, "
-            "%.0f%% within 1%% of the cap e)", len(self.row), stats["min"], stats["max"],
-            stats["mean"], 100 * stats["share_near_cap"])
+        cap = ("calibrated, no cap" if self.calibrated
+               else f"{100 * stats['share_near_cap']:.0f}% within 1% of the cap e")
+        log(INFO, "pre-FL: odds on U cached for %d clients (Phi in [%.3g, %.3g], mean %.3g, "
+            "%s)", len(self.row), stats["min"], stats["max"], stats["mean"], cap)
 
     # ------------------------------------------------------------------ main FL
     def teachers(self, models: list[ClientModel]) -> list[ClientModel]:
