@@ -171,7 +171,7 @@ def diagnostics_table(record: dict) -> str:
         return "(no diagnostics in this record: run it with diagnostics = true)"
     columns = [c for c in DIAGNOSTIC_COLUMNS if c[2] in rounds[0]["diagnostics"][c[1]]]
     averaged = "averaged" in rounds[0]["diagnostics"]  # absent from older records
-    capped = record["config"].get("discriminator-calibration", "none") == "none"  # cap e
+    capped = record.get("config", {}).get("discriminator-calibration", "none") == "none"
     head = (["round", "server"] + ["averaged (before distillation)"] * averaged
             + [h for h, _, _ in columns] + ["w(oracle client): own / uniform", "Phi near e"])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
