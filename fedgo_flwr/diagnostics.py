@@ -31,6 +31,9 @@ UNSQUASHED = "odds-unsquashed"
 # The class-count rule started from the round's averaged model's prediction instead of the
 # uniform ensemble's (the server has that model; the registered rule does not use it).
 CLASS_COUNT_FROM_AVERAGED = "class-count-from-averaged"
+# ... and from the prediction of the run's own ensemble (FedGO: its odds find the class, the
+# counts the clients that hold it), mixed in logits.
+CLASS_COUNT_FROM_OWN = "class-count-from-own"
 # The run's own ensemble with the averaged model (a teacher the server already has) as one
 # more member holding this share of the weight.
 WITH_AVERAGED, AVERAGED_SHARE = "active+averaged", 0.5
@@ -96,6 +99,9 @@ def ensemble_diagnostics(logits: torch.Tensor, log_odds: torch.Tensor | None,
             weights[CLASS_COUNT_FROM_AVERAGED] = class_count_ensemble_weights(
                 logits, odds_in, num_examples, histograms=histograms,
                 start=averaged_logits.argmax(-1))
+        weights[CLASS_COUNT_FROM_OWN] = class_count_ensemble_weights(
+            logits, odds_in, num_examples, histograms=histograms,
+            start=(active.unsqueeze(-1) * logits).sum(0).argmax(-1))
         weights[ORACLE] = label_oracle_weights(histograms, labels)
         favoured = histograms[:, labels].argmax(0)  # [N]
         rows = torch.arange(len(labels))

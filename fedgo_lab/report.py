@@ -157,6 +157,7 @@ DIAGNOSTIC_COLUMNS = (
     ("odds (prob.)", "probabilities", "odds"), ("odds β=4 (prob.)", "probabilities", "odds-beta4"),
     ("class count", "logits", "class-count"),
     ("class count from averaged", "logits", "class-count-from-averaged"),
+    ("class count from own", "logits", "class-count-from-own"),
     ("own + averaged", "logits", "active+averaged"),
     ("label oracle", "logits", "label-oracle"))
 

@@ -29,8 +29,8 @@ import torch
 
 from fedgo_flwr.config import Config
 from fedgo_flwr.data import client_data, load_dataset, server_data
-from fedgo_flwr.diagnostics import (CLASS_COUNT_FROM_AVERAGED, ORACLE, WITH_AVERAGED,
-                                    ensemble_diagnostics)
+from fedgo_flwr.diagnostics import (CLASS_COUNT_FROM_AVERAGED, CLASS_COUNT_FROM_OWN, ORACLE,
+                                    WITH_AVERAGED, ensemble_diagnostics)
 from fedgo_flwr.gan import (Negatives, calibrate_discriminator, generator_negatives,
                             image_negatives, log_odds, train_discriminator, train_wgan_gp)
 from fedgo_flwr.generator_cache import generator_description, load_generator, save_generator
@@ -210,6 +210,7 @@ TABLE = (("uniform", "logits", "uniform"), ("odds", "logits", "odds"),
          ("odds β=4 (prob.)", "probabilities", "odds-beta4"),
          ("class-count", "logits", "class-count"),
          ("class-count from averaged", "logits", CLASS_COUNT_FROM_AVERAGED),
+         ("class-count from odds", "logits", CLASS_COUNT_FROM_OWN),
          ("odds + averaged", "logits", WITH_AVERAGED), ("label oracle", "logits", ORACLE))
 # The rules whose weight on the oracle's client is shown.
 WEIGHT_ON_ORACLE = ("uniform", "odds", "odds-beta4", "class-count")

@@ -155,3 +155,18 @@ def test_the_averaged_model_as_a_member_takes_its_share_of_the_weight():
     assert "class-count" in diag["logits"]  # the registered rule, from the uniform ensemble
     assert "active+averaged" not in ensemble_diagnostics(logits, None, torch.ones(3), labels,
                                                          active=active)["logits"]
+
+
+def test_the_class_count_rule_from_the_runs_own_ensemble_starts_where_its_weights_point():
+    """Started from the run's own ensemble: with weights that find each image's expert it is
+    the oracle; with weights on the wrong client it follows them."""
+    hist = torch.tensor([[10, 0], [0, 10]])
+    labels = torch.tensor([0, 1])
+    logits = torch.tensor([[[9.0, 0.0], [3.0, 0.0]], [[0.0, 3.0], [0.0, 9.0]]])
+    experts = torch.tensor([[0.9, 0.1], [0.1, 0.9]])
+    diag = ensemble_diagnostics(logits, None, torch.ones(2), labels, active=experts,
+                                histograms=hist)
+    assert diag["logits"]["class-count-from-own"]["acc"] == 1.0
+    diag = ensemble_diagnostics(logits, None, torch.ones(2), labels, active=experts.flip(0),
+                                histograms=hist)
+    assert diag["logits"]["class-count-from-own"]["acc"] == 0.0

@@ -202,7 +202,8 @@ def test_feddf_diagnostics_score_the_rules_that_need_no_discriminator(tiny_confi
     cfg = tiny_config.replace(strategy="feddf", num_server_rounds=1, diagnostics=True)
     diag = _run(cfg)[0]["rounds"][1]["diagnostics"]
     assert set(diag["logits"]) == {"uniform", "variance", "entropy", "size", "label-oracle",
-                                   "class-count", "class-count-from-averaged", "active+averaged"}
+                                   "class-count", "class-count-from-averaged",
+                                   "class-count-from-own", "active+averaged"}
     assert "phi" not in diag
 
 
