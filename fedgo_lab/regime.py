@@ -2,7 +2,7 @@
 epochs by default), from the records of a plan such as conf/bench/fmnist-regime.yaml.
 
     python -m fedgo_lab.regime RESULTS_DIR [RESULTS_DIR ...] [--key local-epochs]
-                               [--last 3] [--of fedgo] [--plot FILE.png]
+                               [--last 3] [--of fedgo] [--plot FILE.png] [--update FILE.md]
 
 prints, per alpha and value of the key, each row's server test accuracy (mean over seeds of
 its mean over the last `--last` rounds), its lead over FedAvg at the same value, and, from the
@@ -14,7 +14,8 @@ label oracle give the client holding most images of a test image's class, and th
 oracle's ensemble accuracy. A second table puts every weighting rule on the same client
 models of row `--of`'s rounds: its mean ensemble accuracy and in how many rounds it beat the
 averaged model. --plot draws the lead over FedAvg against the key, one panel per alpha, one
-line per row.
+line per row. --update writes both tables between the lines <!-- regime --> and
+<!-- /regime --> of a markdown file.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from pathlib import Path
 from fedgo_lab.report import CENTRAL, DIAGNOSTIC_COLUMNS, FOCUS, label, load_records
 
 BASELINE = "fedavg"
+MARKERS = ("<!-- regime -->", "<!-- /regime -->")
 
 
 def last_mean(rec: dict, last: int) -> float:
@@ -177,6 +179,9 @@ def main(argv: list[str] | None = None) -> int:
                              f"(default: {FOCUS})")
     parser.add_argument("--plot", type=Path, metavar="FILE.png",
                         help="also draw the lead over FedAvg against the key there")
+    parser.add_argument("--update", type=Path, metavar="FILE.md",
+                        help="write the tables between <!-- regime --> and <!-- /regime --> "
+                             "there")
     args = parser.parse_args(argv)
     records = load_records(*args.dirs)
     if not records:
@@ -184,10 +189,18 @@ def main(argv: list[str] | None = None) -> int:
     missing = [r["run_name"] for r in records if args.key not in r["config"]]
     if missing:
         parser.error(f"--key {args.key!r} is not a run-config key of {missing[0]}")
-    print(regime_table(records, args.key, args.last, args.of))
-    print(f"\nEvery rule on the client models of {args.of}'s rounds: mean ensemble accuracy "
-          "(rounds it beat the averaged model)\n")
-    print(rules_table(records, args.key, args.of))
+    text = (regime_table(records, args.key, args.last, args.of)
+            + f"\n\nEvery rule on the client models of {args.of}'s rounds: mean ensemble "
+            "accuracy (rounds it beat the averaged model)\n\n"
+            + rules_table(records, args.key, args.of))
+    print(text)
+    if args.update:
+        doc = args.update.read_text()
+        start, end = doc.find(MARKERS[0]), doc.find(MARKERS[1])
+        if start < 0 or end < start:
+            parser.error(f"--update: {args.update} lacks the lines {MARKERS[0]} ... {MARKERS[1]}")
+        args.update.write_text(doc[:start + len(MARKERS[0])] + "\n" + text + "\n" + doc[end:])
+        print(f"\n[regime] tables written into {args.update}")
     if args.plot:
         fig = lead_figure(records, args.key, args.last)
         args.plot.parent.mkdir(parents=True, exist_ok=True)

@@ -76,3 +76,20 @@ def test_the_rules_table_scores_every_rule_against_the_averaged_model_round_by_r
     assert rows[2] == "| 0.1 | 2 | 4 | 65.0 | 60.0 (1/4) | 59.8 (1/4) | 95.0 (4/4) |"
     assert rows[3] == "| 0.1 | 10 | 4 | 50.0 | 60.0 (4/4) | 68.5 (4/4) | 95.0 (4/4) |"
     assert len(rows) == 4  # alpha 0.05 has no FedGO record
+
+
+def test_update_writes_both_tables_between_the_markers(tmp_path):
+    import json
+    for i, rec in enumerate(RECORDS):
+        (tmp_path / f"r{i}").mkdir()
+        (tmp_path / f"r{i}" / "record.json").write_text(json.dumps(rec))
+    doc = tmp_path / "results.md"
+    doc.write_text("before\n<!-- regime -->\nold\n<!-- /regime -->\nafter\n")
+    assert main([str(tmp_path), "--update", str(doc)]) == 0
+    text = doc.read_text()
+    assert text.startswith("before\n<!-- regime -->\n| alpha | local-epochs | seeds |")
+    assert "old" not in text and text.endswith("<!-- /regime -->\nafter\n")
+    assert rules_table(RECORDS) in text
+    doc.write_text("no markers")
+    with pytest.raises(SystemExit):
+        main([str(tmp_path), "--update", str(doc)])
