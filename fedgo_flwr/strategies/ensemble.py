@@ -4,7 +4,8 @@ averaged model on it for E_s passes (Adam, `server-lr`, `server-batch-size`, the
 cosine-annealed over the T rounds or constant), and evaluate the ensemble on the test split.
 
 Strategies differ only in the weighting rule and the discriminator log-odds it sees (FedDF:
-uniform, no discriminators; FedGO: odds). FedDF's published update (step budget, clipping,
+uniform, no discriminators; FedGO: odds). `averaged-share` > 0 (not in the papers) makes the
+round's averaged model one more teacher with that share of the weight. FedDF's published update (step budget, clipping,
 early stopping on labelled data) overrides `distill_batches` and `distill_student` behind
 `feddf-published`.
 """
@@ -167,10 +168,11 @@ class EnsembleDistillation(FedAvgStrategy):
         if cfg.diagnostics:
             entry["diagnostics"] = ensemble_diagnostics(
                 test_logits, log_odds if self.has_discriminators else None, n_k,
-                self.setup.test_y, active=client_rule(test_logits, log_odds, n_k), entropy_tau=cfg.entropy_tau,
+                self.setup.test_y, entropy_tau=cfg.entropy_tau,
+                active=client_rule(test_logits, log_odds, n_k) if member else weights,
                 histograms=self.clients.label_histograms([m.partition_id for m in models]),
                 averaged_logits=average_logits[0],
-                capped=self.cfg.discriminator_calibration == "none")
+                capped=cfg.discriminator_calibration == "none")
             # what FedAvg keeps this round, where distillation started (`averaged` is unchanged)
             avg_acc, avg_loss = self.test_metrics(averaged)
             entry["diagnostics"]["averaged"] = {"acc": avg_acc, "loss": avg_loss}

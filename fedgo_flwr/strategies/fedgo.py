@@ -27,7 +27,7 @@ from fedgo_flwr.models import Critic, Discriminator, Generator
 from fedgo_flwr.seeds import client_seed
 from fedgo_flwr.server.clients import config_record
 from fedgo_flwr.server.record import RunRecord
-from fedgo_flwr.server.replies import payload_bytes, reply_problem
+from fedgo_flwr.server.replies import payload_bytes
 from fedgo_flwr.strategies.base import CLIENT, ClientModel, ServerSetup
 from fedgo_flwr.strategies.ensemble import MARKS, READS, EnsembleDistillation
 from fedgo_flwr.strategies.registry import StrategySpec
@@ -35,6 +35,7 @@ from fedgo_flwr.weighting import NEEDS_LABEL_COUNTS, WeightRule, weighting_rule
 
 TRAIN_DISCRIMINATOR = "train.discriminator"
 SERVER_SAMPLE = "server-sample"  # the ArrayRecord of U's images sent instead of G
+Calibration = tuple[float, float]  # Platt's (a, b): log Phi_k = a * logit + b
 
 
 def server_sample(u: torch.Tensor, size: int, seed: int) -> torch.Tensor:
@@ -118,7 +119,7 @@ class FedGO(EnsembleDistillation):
         return generator.cpu().eval()
 
     def collect_discriminators(self, grid: Grid, negatives: tuple[str, ArrayRecord]
-                               ) -> dict[int, Discriminator]:
+                               ) -> dict[int, tuple[Discriminator, Calibration | None]]:
         """Send the negatives (G) to every client once; each returns D_k trained by
         Algorithm 3 (and its calibration)."""
         cfg = self.cfg
@@ -168,7 +169,7 @@ class FedGO(EnsembleDistillation):
 
     def reply_problem(self, reply: Message, array_key: str,
                       template: dict[str, torch.Tensor]) -> str | None:
-        why = reply_problem(reply, array_key, template)
+        why = super().reply_problem(reply, array_key, template)
         if why or array_key != "discriminator" or not self.calibrated:
             return why
         metrics = reply.content.metric_records["metrics"]
@@ -178,7 +179,8 @@ class FedGO(EnsembleDistillation):
                     "numbers with odds-scale > 0")
         return None
 
-    def cache_odds(self, discriminators: dict[int, tuple[Discriminator, tuple | None]]) -> None:
+    def cache_odds(self, discriminators: dict[int, tuple[Discriminator, Calibration | None]]
+                   ) -> None:
         """log Phi_k on every view of U and on the test split, once: D_k never changes."""
         start = time.perf_counter()
         dev, u = self.setup.device, self.setup.u
@@ -222,7 +224,7 @@ class FedGO(EnsembleDistillation):
 
 
 # ---------------------------------------------------------------------------- client side
-def calibration_of(metrics) -> tuple[float, float]:
+def calibration_of(metrics) -> Calibration:
     """(a, b) of a calibrated D_k, from its reply's metrics."""
     return float(metrics["odds-scale"]), float(metrics["odds-shift"])
 
