@@ -231,7 +231,9 @@ def markdown(rows: list[dict]) -> str:
         cells += [f"{100 * r[space][rule]['acc']:.1f}" if rule in r[space] else "-"
                   for _, space, rule in TABLE]
         cells += [" / ".join(f"{w[k]:.2f}" if k in w else "-" for k in WEIGHT_ON_ORACLE),
-                  f"{r['phi']['mean']:.2f}", f"{100 * r['phi']['share_near_cap']:.0f} %"]
+                  f"{r['phi']['mean']:.3g}",
+                  "-" if VARIANTS[r.get("discriminators", "paper")][1] != "none"  # no cap
+                  else f"{100 * r['phi']['share_near_cap']:.0f} %"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
