@@ -229,6 +229,11 @@ class Config:
         return self.seed if self.partition_seed < 0 else self.partition_seed
 
     @property
+    def calibrated_odds(self) -> bool:
+        """The discriminators are calibrated: their odds have no cap e."""
+        return self.discriminator_calibration != "none"
+
+    @property
     def data_path(self) -> Path:
         default = os.environ.get("FEDGO_DATA_DIR") or "~/.cache/fedgo-flwr/data"
         return Path(self.data_dir or default).expanduser().resolve()

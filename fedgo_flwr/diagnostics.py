@@ -101,7 +101,7 @@ def ensemble_diagnostics(logits: torch.Tensor, log_odds: torch.Tensor | None,
                 start=averaged_logits.argmax(-1))
         weights[CLASS_COUNT_FROM_OWN] = class_count_ensemble_weights(
             logits, odds_in, num_examples, histograms=histograms,
-            start=(active.unsqueeze(-1) * logits).sum(0).argmax(-1))
+            start=ensemble_log_probs(logits, active, "logits").argmax(-1))
         weights[ORACLE] = label_oracle_weights(histograms, labels)
         favoured = histograms[:, labels].argmax(0)  # [N]
         rows = torch.arange(len(labels))

@@ -172,7 +172,7 @@ class EnsembleDistillation(FedAvgStrategy):
                 active=client_rule(test_logits, log_odds, n_k) if member else weights,
                 histograms=self.clients.label_histograms([m.partition_id for m in models]),
                 averaged_logits=average_logits[0],
-                capped=cfg.discriminator_calibration == "none")
+                capped=not cfg.calibrated_odds)
             # what FedAvg keeps this round, where distillation started (`averaged` is unchanged)
             avg_acc, avg_loss = self.test_metrics(averaged)
             entry["diagnostics"]["averaged"] = {"acc": avg_acc, "loss": avg_loss}

@@ -66,7 +66,7 @@ class FedGO(EnsembleDistillation):
         self.row: dict[int, int] = {}  # partition id -> row of the cached odds
         self.cached_u_log_odds = torch.empty(0)  # [K, V, |U|]
         self.cached_test_log_odds = torch.empty(0)  # [K, |test|]
-        self.calibrated = cfg.discriminator_calibration != "none"
+        self.calibrated = cfg.calibrated_odds
 
     # ------------------------------------------------------------------ pre-FL stage
     def prepare(self, grid: Grid) -> None:
