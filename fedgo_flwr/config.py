@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from fedgo_flwr.data import DATASETS
-from fedgo_flwr.distill import ENSEMBLE_SPACES
+from fedgo_flwr.distill import ENSEMBLE_SPACES, GUARDS
 from fedgo_flwr.gan import CALIBRATIONS, NEGATIVES
 from fedgo_flwr.keys import (AT_LEAST_ONE, FRACTION, NON_NEGATIVE, POSITIVE, Allowed,
                              ConfigError, Declared, OneOf, check, check_fields, choice, coerce,
@@ -123,6 +123,12 @@ class Config:
                                 "this share of the ensemble's weight everywhere (the clients "
                                 "share the rest by the rule); 0 = the paper; not in the paper",
                                 Allowed("in [0, 1)", lambda v: 0 <= v < 1), ("distillation",))
+    distillation_guard: str = key(
+        "none", "none (the papers) or clients: after distilling, as many clients as trained, "
+        "drawn from those that did not train this round, score the averaged and the distilled "
+        "model on their own data, and the server keeps the distilled one only if its "
+        "n_k-weighted accuracy is higher (one more exchange a round; the server still reads no "
+        "label; not in the papers)", OneOf(GUARDS), ("distillation",))
     ensemble_space: str = key("logits", "where the weights mix the clients: logits "
                               "(Algorithm 2) or probabilities (Theorem 3.4)",
                               OneOf(ENSEMBLE_SPACES), ("distillation",))

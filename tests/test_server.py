@@ -230,3 +230,86 @@ def test_keys_the_strategy_never_reads_are_logged_and_recorded(tiny_config, capl
     assert {"odds-beta", "fedprox-mu", "generator-steps", "distill-size"} <= set(unread)
     assert not {"alpha", "num-server-rounds", "fraction-train"} & set(unread)
     assert f"{', '.join(unread)} are set but strategy 'fedavg' never reads them" in caplog.text
+
+
+def _guard_config(tiny_config):
+    return tiny_config.replace(num_server_rounds=1, diagnostics=True,
+                               distillation_guard="clients", run_name="guard")
+
+
+def test_the_guard_asks_clients_that_did_not_train_and_scores_as_they_do(tiny_config):
+    """distillation-guard = clients: the round's untrained clients receive the averaged and
+    the distilled model; the record's scores are the n_k-weighted accuracies of those two
+    models on their partitions, and the server keeps the one scored higher."""
+    from fedgo_flwr.data import client_data
+    from fedgo_flwr.models import create_classifier
+    from fedgo_flwr.train import evaluate
+    cfg = _guard_config(tiny_config)
+    record, grid = _run(cfg)
+    entry = record["rounds"][1]
+    guard = entry["guard"]
+    assert len(guard["clients"]) == len(entry["clients"]) == 2
+    assert not set(guard["clients"]) & set(entry["clients"])
+    assert guard["scored"] == guard["clients"] and guard["rejected"] == {}
+    sent = [m for m in grid.sent if m.metadata.message_type == "evaluate.candidates"]
+    assert len(sent) == 2
+    candidates = sent[0].content.array_records
+    assert set(candidates) == {"averaged", "distilled"}
+    for name in candidates:
+        model = create_classifier(cfg.model, 1, 10, 28)
+        model.load_state_dict(candidates[name].to_torch_state_dict())
+        parts = [client_data(cfg, p, 4) for p in guard["clients"]]
+        acc = sum(len(y) * evaluate(model, x, y, device=torch.device("cpu"))[0]
+                  for x, y in parts) / sum(len(y) for _, y in parts)
+        assert guard[f"{name}_acc"] == pytest.approx(acc, abs=1e-9)
+    better = "distilled" if guard["distilled_acc"] > guard["averaged_acc"] else "averaged"
+    assert guard["kept"] == better
+    assert record["bytes"]["guard_down"] == 2 * sum(a.count_bytes() for a in candidates.values())
+
+
+@pytest.mark.parametrize("lie", ["averaged", "distilled"])
+def test_the_guard_keeps_what_the_clients_score_higher(tiny_config, lie):
+    """Clients that score one candidate 1.0 and the other 0.0 make the server keep it: the
+    averaged model (what FedAvg has after the same round) or the distilled one (what the run
+    without the guard has)."""
+    def tamper(reply):
+        metrics = reply.content.metric_records.get("metrics")
+        if metrics is not None and "averaged-acc" in metrics:
+            metrics["averaged-acc"], metrics["distilled-acc"] = float(lie == "averaged"), \
+                float(lie == "distilled")
+        return reply
+
+    cfg = _guard_config(tiny_config)
+    entry = _run(cfg, tamper=tamper)[0]["rounds"][1]
+    assert entry["guard"]["kept"] == lie
+    if lie == "averaged":
+        assert entry["server_test_acc"] == entry["diagnostics"]["averaged"]["acc"]
+    else:
+        unguarded = _run(cfg.replace(distillation_guard="none", run_name="plain"))[0]
+        assert entry["server_test_acc"] == unguarded["rounds"][1]["server_test_acc"]
+        assert entry["server_test_acc"] != entry["diagnostics"]["averaged"]["acc"]
+
+
+def test_a_malformed_guard_score_is_rejected_with_its_reason(tiny_config, caplog):
+    """A score out of [0, 1] is left out, logged with its reason; with no usable score the
+    server keeps the distilled model, as the papers do."""
+    def tamper(reply):
+        metrics = reply.content.metric_records.get("metrics")
+        if metrics is not None and "averaged-acc" in metrics:
+            metrics["averaged-acc"] = 1.5
+        return reply
+
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        entry = _run(_guard_config(tiny_config), tamper=tamper)[0]["rounds"][1]
+    guard = entry["guard"]
+    assert guard["scored"] == [] and set(guard["rejected"]) == set(map(str, guard["clients"]))
+    assert "'averaged-acc' missing or not in [0, 1] (1.5)" in caplog.text
+    assert "no usable guard score; the distilled model is kept" in caplog.text
+    assert guard["kept"] == "distilled"
+
+
+def test_when_every_client_trained_the_guard_asks_them(tiny_config, caplog):
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        entry = _run(_guard_config(tiny_config).replace(fraction_train=1.0))[0]["rounds"][1]
+    assert entry["guard"]["clients"] == entry["clients"] == [0, 1, 2, 3]
+    assert "every client trained; the guard asks them instead" in caplog.text

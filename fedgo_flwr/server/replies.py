@@ -22,6 +22,24 @@ def reply_problem(reply: Message, array_key: str, template: dict[str, torch.Tens
     return None
 
 
+def scores_problem(reply: Message, names: list[str]) -> str | None:
+    """Why a reply to evaluate.candidates cannot be used, or None: metrics with num-examples
+    > 0 and, for each candidate name, '<name>-acc' in [0, 1]."""
+    if reply.has_error():
+        return f"error reply: {reply.error.reason}"
+    metrics = reply.content.metric_records.get("metrics")
+    if not isinstance(metrics, MetricRecord):
+        return "no MetricRecord 'metrics'"
+    n = metrics.get("num-examples")
+    if not isinstance(n, (int, float)) or not n > 0:
+        return f"num-examples missing or not positive ({n!r})"
+    for name in names:
+        acc = metrics.get(f"{name}-acc")
+        if not isinstance(acc, (int, float)) or not 0 <= acc <= 1:
+            return f"'{name}-acc' missing or not in [0, 1] ({acc!r})"
+    return None
+
+
 def arrays_problem(reply: Message, array_key: str,
                    template: dict[str, torch.Tensor]) -> str | None:
     """Why the reply's ArrayRecord `array_key` does not fit `template` (names, shapes, finite

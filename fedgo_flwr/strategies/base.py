@@ -375,5 +375,18 @@ def evaluate_local(message: Message, local: Local) -> Message:
     return reply(message, {"num-examples": len(local.y), "eval-acc": acc, "eval-loss": loss})
 
 
-CLIENT = {"query": info, "train": train, "evaluate": evaluate_local}
+def evaluate_candidates(message: Message, local: Local) -> Message:
+    """Each classifier the server sent (one ArrayRecord per candidate) scored on S_k:
+    '<name>-acc' and '<name>-loss' (the distillation guard)."""
+    metrics = {"num-examples": len(local.y)}
+    for name in message.content.array_records:
+        acc, loss = evaluate(local.classifier(message, name), local.x, local.y,
+                             device=local.device)
+        metrics.update({f"{name}-acc": acc, f"{name}-loss": loss})
+    return reply(message, metrics)
+
+
+EVALUATE_CANDIDATES = "evaluate.candidates"
+CLIENT = {"query": info, "train": train, "evaluate": evaluate_local,
+          EVALUATE_CANDIDATES: evaluate_candidates}
 FEDAVG = StrategySpec("fedavg", FedAvgStrategy, CLIENT)

@@ -5,7 +5,9 @@ cosine-annealed over the T rounds or constant), and evaluate the ensemble on the
 
 Strategies differ only in the weighting rule and the discriminator log-odds it sees (FedDF:
 uniform, no discriminators; FedGO: odds). `averaged-share` > 0 (not in the papers) makes the
-round's averaged model one more teacher with that share of the weight. FedDF's published update (step budget, clipping,
+round's averaged model one more teacher with that share of the weight; `distillation-guard =
+clients` (not in the papers either) keeps the averaged model where clients that did not train
+score it above the distilled one. FedDF's published update (step budget, clipping,
 early stopping on labelled data) overrides `distill_batches` and `distill_student` behind
 `feddf-published`.
 """
@@ -16,6 +18,7 @@ import time
 from logging import INFO, WARNING
 
 import torch
+from flwr.app import ArrayRecord, Message, RecordDict
 from flwr.common.logger import log
 
 from fedgo_flwr.diagnostics import ensemble_diagnostics
@@ -23,7 +26,9 @@ from fedgo_flwr.distill import (cosine_lr, distill, draw_batches, ensemble_log_p
                                 view_pseudo_labels)
 from fedgo_flwr.seeds import round_seed
 from fedgo_flwr.server.record import RunRecord
-from fedgo_flwr.strategies.base import ClientModel, FedAvgStrategy, ServerSetup
+from fedgo_flwr.server.replies import payload_bytes, scores_problem
+from fedgo_flwr.strategies.base import (EVALUATE_CANDIDATES, ClientModel, FedAvgStrategy,
+                                        ServerSetup)
 from fedgo_flwr.teachers import teacher_logits
 from fedgo_flwr.train import accuracy_and_loss
 from fedgo_flwr.weighting import WeightRule, with_averaged_member
@@ -32,7 +37,7 @@ from fedgo_flwr.weighting import WeightRule, with_averaged_member
 # What every ensemble strategy reads and how a results table marks its departures.
 READS = ("distillation",)
 MARKS = (("ensemble-space", "logits", "probabilities"), ("distill-schedule", "cosine", "{} lr"),
-         ("averaged-share", 0.0, "averaged {:g}"))
+         ("averaged-share", 0.0, "averaged {:g}"), ("distillation-guard", "none", "{} guard"))
 
 class EnsembleDistillation(FedAvgStrategy):
     has_ensemble = True
@@ -177,4 +182,58 @@ class EnsembleDistillation(FedAvgStrategy):
             avg_acc, avg_loss = self.test_metrics(averaged)
             entry["diagnostics"]["averaged"] = {"acc": avg_acc, "loss": avg_loss}
         self.record.time("evaluation", time.perf_counter() - start, server_round)
-        return {k: v.detach().cpu() for k, v in student.state_dict().items()}
+        distilled = {k: v.detach().cpu() for k, v in student.state_dict().items()}
+        if cfg.distillation_guard == "clients" and batches:
+            return self.guard(server_round, averaged, distilled)
+        return distilled
+
+    def guard(self, server_round: int, averaged: dict[str, torch.Tensor],
+              distilled: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The distillation guard (not in the papers): as many clients as trained, drawn from
+        those that did not train this round (none of this round's models saw their data),
+        score both models on their own data; the server keeps the distilled model only if its
+        n_k-weighted accuracy is higher, and with no usable score it keeps it as the papers
+        do."""
+        start = time.perf_counter()
+        trained = set(self._sampled.values())
+        pool = [p for p in self.clients.partition_ids if p not in trained | self.absent]
+        if not pool:
+            log(WARNING, "round %d: every client trained; the guard asks them instead",
+                server_round)
+            pool = sorted(trained)
+        order = torch.randperm(len(pool), generator=torch.Generator().manual_seed(
+            round_seed(self.cfg.seed, server_round)))
+        pids = sorted(pool[i] for i in order[:len(trained)].tolist())
+        expected = {self.clients.by_partition[p].node_id: p for p in pids}
+        content = RecordDict({name: ArrayRecord(state) for name, state in
+                              (("averaged", averaged), ("distilled", distilled))})
+        self.record.sent("guard", "down", payload_bytes([content]) * len(pids), server_round)
+        replies = self.exchange(
+            [Message(content, dst_node_id=n, message_type=EVALUATE_CANDIDATES) for n in expected],
+            expected, f"round {server_round}: guard", server_round)
+        scored, rejected = {}, {}
+        for r in replies:
+            pid = expected.get(self.mailbox.node_of(r))
+            why = ("not asked" if pid is None else "duplicate reply" if pid in scored
+                   else scores_problem(r, list(content)))
+            if why:
+                log(WARNING, "round %d: guard reply of partition %s rejected: %s",
+                    server_round, pid, why)
+                rejected[str(pid)] = why
+                continue
+            scored[pid] = dict(r.content.metric_records["metrics"])
+        n = sum(m["num-examples"] for m in scored.values())
+        acc = {name: sum(m["num-examples"] * m[f"{name}-acc"] for m in scored.values()) / n
+               if n else float("nan") for name in content}
+        kept = "averaged" if n and acc["averaged"] >= acc["distilled"] else "distilled"
+        self.record.round(server_round)["guard"] = {
+            "clients": pids, "scored": sorted(scored), "rejected": rejected,
+            "averaged_acc": acc["averaged"], "distilled_acc": acc["distilled"], "kept": kept}
+        self.record.time("guard", time.perf_counter() - start, server_round)
+        if not n:
+            log(WARNING, "round %d: no usable guard score; the distilled model is kept",
+                server_round)
+        log(INFO, "round %d: guard on partitions %s: averaged %.4f, distilled %.4f -> keeps "
+            "the %s model", server_round, sorted(scored), acc["averaged"], acc["distilled"],
+            kept)
+        return averaged if kept == "averaged" else distilled
