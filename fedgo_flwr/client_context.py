@@ -11,7 +11,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from torch import nn
 
-from fedgo_flwr.data import client_data, load_dataset
+from fedgo_flwr.data import client_data, dataset
 from fedgo_flwr.models import create_classifier
 from fedgo_flwr.train import resolve_device
 
@@ -39,7 +39,7 @@ class Local:
             raise RuntimeError(f"node config lacks {missing}: start the SuperNode with "
                                "--node-config \"partition-id=<i> num-partitions=<K>\"") from None
         x, y = client_data(cfg, pid, k)
-        classes = load_dataset(cfg.dataset, cfg.data_path).num_classes
+        classes = dataset(cfg).num_classes
         return cls(cfg, pid, k, x, y, classes, resolve_device())
 
     @property

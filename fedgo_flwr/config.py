@@ -18,13 +18,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from fedgo_flwr.data import DATASETS
+from fedgo_flwr.data import DATASETS, PARTITIONERS
 from fedgo_flwr.distill import ENSEMBLE_SPACES, GUARDS
 from fedgo_flwr.gan import CALIBRATIONS, NEGATIVES
 from fedgo_flwr.keys import (AT_LEAST_ONE, FRACTION, NON_NEGATIVE, POSITIVE, Allowed,
                              ConfigError, Declared, OneOf, check, check_fields, choice, coerce,
                              declared, key)
-from fedgo_flwr.models import CLASSIFIERS
+from fedgo_flwr.models import CLASSIFIERS, model_name_problem
 from fedgo_flwr.strategies import STRATEGIES
 from fedgo_flwr.weighting import WEIGHTINGS
 
@@ -52,13 +52,20 @@ class Config:
     # --- what runs
     strategy: str = key("fedgo", "the method; see the strategies table in the README",
                         OneOf(STRATEGIES))
-    dataset: str = key("fmnist", "the dataset (Fashion-MNIST: torchvision's FashionMNIST)",
+    dataset: str = key("fmnist", "the dataset: fmnist, cifar10, cifar100 (torchvision's "
+                       "classes, from data-dir, else downloaded) or folder (an ImageFolder tree: "
+                       "<data-dir>/train/<class>/<image> and <data-dir>/test/<class>/<image>)",
                        OneOf(DATASETS))
-    model: str = key("cnn", "the classifier: cnn (FedAvg's CNN for 28x28) or resnet18 "
-                     "(CIFAR variant)", OneOf(CLASSIFIERS))
+    image_size: int = key(0, "resize every image to this side (bilinear); 0 = as stored (a "
+                          "folder's images must then share one size)", NON_NEGATIVE)
+    model: str = key("cnn", "the classifier: cnn (FedAvg's CNN), resnet18, resnet50, vgg11-bn "
+                     "(CIFAR variants, batch norm), or your own as \"package.module:Callable\" "
+                     "(called with channels, num_classes, image_size; returns an nn.Module)",
+                     Allowed(f"one of {', '.join(CLASSIFIERS)}, or \"package.module:Callable\"",
+                             lambda v: model_name_problem(v) is None))
     seed: int = key(0, "fixes the split, the partitions, client sampling and every "
                     "initialisation", NON_NEGATIVE)
-    partition_seed: int = key(-1, "seed of the Dirichlet partitioner alone; -1 = `seed`")
+    partition_seed: int = key(-1, "seed of the partitioner alone; -1 = `seed`")
     data_dir: str = key("", "where the data is looked for and put; \"\" = $FEDGO_DATA_DIR or "
                         "~/.cache/fedgo-flwr/data")
     results_dir: str = key("", "absolute results root; \"\" = $FEDGO_RESULTS_DIR or "
@@ -66,7 +73,18 @@ class Config:
     run_name: str = key("", "the run's folder under results-dir; \"\" = "
                         "<strategy>-<dataset>-a<alpha>-s<seed>-<time>")
     # --- data
-    alpha: float = key(0.1, "Dirichlet concentration of the client split", POSITIVE, ("data",))
+    partitioner: str = key("dirichlet", "how the client pool is divided among the clients "
+                           "(flwr-datasets' partitioners): dirichlet (label skew, the paper), "
+                           "iid, pathological (classes-per-client classes each), shard "
+                           "(shards-per-client label-sorted shards each), linear, square, "
+                           "exponential (IID labels, sizes growing with the partition id)",
+                           OneOf(PARTITIONERS), ("data",))
+    alpha: float = key(0.1, "Dirichlet concentration of the client split (partitioner = "
+                       "dirichlet)", POSITIVE, ("data",))
+    classes_per_client: int = key(2, "classes each client holds (partitioner = pathological)",
+                                  AT_LEAST_ONE, ("data",))
+    shards_per_client: int = key(2, "label-sorted shards each client holds (partitioner = "
+                                 "shard)", AT_LEAST_ONE, ("data",))
     flip: bool = key(True, "random horizontal flip of client data and U (paper, App. E.2)",
                      groups=("data",))
     test_size: int = key(2000, "test images used for evaluation (a seeded subset); 0 = all",

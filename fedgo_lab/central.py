@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from fedgo_flwr.config import Config
-from fedgo_flwr.data import load_dataset, server_data, split_indices
+from fedgo_flwr.data import dataset, server_data, split_indices
 from fedgo_flwr.models import create_classifier
 from fedgo_flwr.seeds import round_seed
 from fedgo_flwr.train import evaluate, resolve_device, train_classifier
@@ -38,8 +38,8 @@ def train_central(cfg: Config, epochs: int, out: Path) -> Path:
     """Train on the pooled client data for `epochs`, evaluating after each; returns the record."""
     start = time.perf_counter()
     device = resolve_device(cfg.server_device)
-    data = load_dataset(cfg.dataset, cfg.data_path)
-    pool, _ = split_indices(cfg.dataset, cfg.data_path, cfg.seed)
+    data = dataset(cfg)
+    pool, _ = split_indices(cfg)
     idx = torch.from_numpy(pool)
     x, y = data.train_x[idx], data.train_y[idx]
     _, test_x, test_y = server_data(cfg)

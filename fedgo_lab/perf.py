@@ -114,9 +114,9 @@ def teachers_of(cfg: Config, num_teachers: int, image_shape, num_classes: int, s
 
 
 def pseudo_labelling_benchmark(cfg: Config, device, epochs: int) -> dict:
-    from fedgo_flwr.data import load_dataset, server_data
+    from fedgo_flwr.data import dataset, server_data
 
-    data = load_dataset(cfg.dataset, cfg.data_path)
+    data = dataset(cfg)
     u, _, _ = server_data(cfg)
     k = max(1, math.floor(cfg.fraction_train * 20))
     nets, discriminators, n_k = teachers_of(cfg, k, data.image_shape, data.num_classes, cfg.seed)

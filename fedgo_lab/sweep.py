@@ -28,7 +28,7 @@ import time
 import torch
 
 from fedgo_flwr.config import Config
-from fedgo_flwr.data import client_data, load_dataset, server_data
+from fedgo_flwr.data import client_data, dataset, server_data
 from fedgo_flwr.diagnostics import (CLASS_COUNT_FROM_AVERAGED, CLASS_COUNT_FROM_OWN, ORACLE,
                                     WITH_AVERAGED, ensemble_diagnostics)
 from fedgo_flwr.gan import (Negatives, calibrate_discriminator, generator_negatives,
@@ -151,7 +151,7 @@ def negatives_of(cfg: Config, variant: str, gens: dict[int, dict], u, image_shap
 def sweep(cfg: Config, alphas, num_clients, generator_steps, discriminator_epochs,
           local_epochs, variants=("paper",)) -> list[dict]:
     device = resolve_device(cfg.server_device)
-    data = load_dataset(cfg.dataset, cfg.data_path)
+    data = dataset(cfg)
     u, test_x, test_y = server_data(cfg)
     image_shape = tuple(u.shape[1:])
     start = time.perf_counter()

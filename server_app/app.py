@@ -15,7 +15,8 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
 from fedgo_flwr.config import Config, ConfigError
-from fedgo_flwr.data import load_dataset, server_data, validation_data
+from fedgo_flwr.data import dataset, server_data, validation_data
+from fedgo_flwr.models import classifier_fits
 from fedgo_flwr.server import checkpoint
 from fedgo_flwr.server.record import RunRecord, format_table
 from fedgo_flwr.strategies import STRATEGIES, ServerSetup
@@ -68,7 +69,8 @@ def run(grid: Grid, cfg: Config) -> Path:
         log(WARNING, "run-config key(s) %s are set but strategy %r never reads them: they have "
             "no effect on this run", ", ".join(unread), cfg.strategy)
 
-    data = load_dataset(cfg.dataset, cfg.data_path)
+    data = dataset(cfg)
+    classifier_fits(cfg.model, data.image_shape, data.num_classes, cfg.dataset)
     u, test_x, test_y = server_data(cfg)
     val_x, val_y = validation_data(cfg)
     setup = ServerSetup(cfg, u, test_x, test_y, data.num_classes,

@@ -8,7 +8,8 @@ import fedgo_flwr.data.fmnist as fmnist
 from conftest import write_tiny_fmnist
 from fedgo_flwr.batches import random_hflip
 from fedgo_flwr.data import client_indices, distillation_indices, split_indices
-from fedgo_flwr.data.split import dirichlet_partitions, server_client_split
+from fedgo_flwr.data.split import (PARTITIONERS, Partitioning, dirichlet_partitions,
+                                   partition_pool, server_client_split)
 
 
 def test_split_is_disjoint_per_class_halves_and_seeded():
@@ -39,6 +40,48 @@ def test_dirichlet_partitions_cover_the_pool_disjointly_and_are_seeded():
     assert np.median(top_share) > 0.5
 
 
+@pytest.mark.parametrize("name", PARTITIONERS)
+def test_every_partitioner_is_disjoint_and_seeded(name):
+    """Each partitioner gives the same shares for the same seed, other shares for another
+    seed, and no row twice."""
+    labels = np.random.default_rng(0).integers(0, 10, 3000)
+    how = Partitioning(name, alpha=0.5, classes_per_client=3, shards_per_client=2)
+    parts = partition_pool(labels, 5, how, seed=4)
+    assert len(parts) == 5 and all(len(p) > 0 for p in parts)
+    flat = np.concatenate(parts)
+    assert len(np.unique(flat)) == len(flat) and flat.min() >= 0 and flat.max() < 3000
+    again = partition_pool(labels, 5, how, seed=4)
+    assert all(np.array_equal(a, b) for a, b in zip(parts, again))
+    other = partition_pool(labels, 5, how, seed=5)
+    assert not all(np.array_equal(a, b) for a, b in zip(parts, other))
+    if name in ("dirichlet", "iid", "linear", "square", "exponential"):
+        assert len(flat) == 3000  # these cover the whole pool
+    if name in ("linear", "square", "exponential"):  # sizes grow with the partition id
+        assert [len(p) for p in parts] == sorted(len(p) for p in parts)
+        assert len(parts[-1]) > 2 * len(parts[0])
+
+
+def test_a_split_that_leaves_a_client_empty_names_the_partitioner():
+    labels = np.arange(3000) % 10
+    with pytest.raises(ValueError, match="partitioner 'exponential' could not give each of 20"):
+        partition_pool(labels, 20, Partitioning("exponential"), seed=0)
+
+
+def test_the_pathological_split_gives_each_client_its_number_of_classes():
+    labels = np.random.default_rng(1).integers(0, 10, 5000)
+    for k in (1, 2, 4):
+        parts = partition_pool(labels, 20, Partitioning("pathological", classes_per_client=k),
+                               seed=0)
+        assert [len(np.unique(labels[p])) for p in parts] == [k] * 20
+
+
+def test_the_shard_split_gives_each_client_few_classes():
+    labels = np.random.default_rng(1).integers(0, 10, 4000)
+    parts = partition_pool(labels, 20, Partitioning("shard", shards_per_client=2), seed=0)
+    assert {len(p) for p in parts} == {200}  # 40 shards of 100
+    assert max(len(np.unique(labels[p])) for p in parts) <= 4
+
+
 def test_impossible_dirichlet_split_names_alpha_and_the_clients():
     labels = np.arange(3000) % 10
     with warnings.catch_warnings(record=True) as seen, pytest.raises(ValueError) as err:
@@ -56,8 +99,16 @@ def test_partition_seed_is_independent_of_alpha(tiny_config):
     assert not np.array_equal(a, b) and not np.array_equal(a, c)
 
 
+def test_the_partitioner_key_chooses_the_clients_shares(tiny_config):
+    from fedgo_flwr.data import dataset
+    labels = dataset(tiny_config).train_y.numpy()
+    cfg = tiny_config.replace(partitioner="pathological", classes_per_client=1)
+    assert [len(np.unique(labels[client_indices(cfg, k, 4)])) for k in range(4)] == [1] * 4
+    assert len(np.unique(labels[client_indices(tiny_config, 0, 4)])) > 1  # dirichlet, 0.5
+
+
 def test_clients_and_server_never_share_images(tiny_config):
-    pool, server = split_indices(tiny_config.dataset, tiny_config.data_path, tiny_config.seed)
+    pool, server = split_indices(tiny_config)
     clients = np.concatenate([client_indices(tiny_config, k, 4) for k in range(4)])
     assert sorted(clients.tolist()) == pool.tolist()
     assert len(np.intersect1d(clients, distillation_indices(tiny_config))) == 0
@@ -68,7 +119,7 @@ def test_clients_and_server_never_share_images(tiny_config):
 def test_fmnist_is_read_from_the_debian_location(tmp_path, monkeypatch):
     debian = write_tiny_fmnist(tmp_path / "debian", n_train=40, n_test=10, compress=True)
     monkeypatch.setattr(fmnist, "DEBIAN_DIR", debian)
-    train_x, train_y, test_x, test_y = fmnist.load_fmnist(tmp_path / "data")
+    train_x, train_y, test_x, test_y, _ = fmnist.load_fmnist(tmp_path / "data")
     assert train_x.shape == (40, 1, 28, 28) and train_x.dtype == torch.uint8
     assert test_y.shape == (10,) and int(train_y.max()) <= 9
     assert (tmp_path / "data" / "FashionMNIST" / "raw" / "train-images-idx3-ubyte").is_file()

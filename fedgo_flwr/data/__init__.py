@@ -13,9 +13,12 @@ from typing import Callable
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
+from fedgo_flwr.data.cifar import load_cifar
 from fedgo_flwr.data.fmnist import load_fmnist
-from fedgo_flwr.data.split import dirichlet_partitions, server_client_split
+from fedgo_flwr.data.folder import load_folder
+from fedgo_flwr.data.split import PARTITIONERS, Partitioning, partition_pool, server_client_split
 from fedgo_flwr.keys import ConfigError
 
 
@@ -25,57 +28,97 @@ class ImageData:
     train_y: torch.Tensor  # int64 [N]
     test_x: torch.Tensor
     test_y: torch.Tensor
-    num_classes: int
+    classes: tuple[str, ...]  # class names, in label order
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
 
     @property
     def image_shape(self) -> tuple[int, int, int]:
         return tuple(self.train_x.shape[1:])  # type: ignore[return-value]
 
 
-# name -> loader(data_dir) -> ImageData
-DATASETS: dict[str, Callable[[Path], ImageData]] = {
-    "fmnist": lambda root: ImageData(*load_fmnist(root), num_classes=10),
+def resized(images: torch.Tensor, side: int) -> torch.Tensor:
+    """uint8 images [N, C, H, W] at side x side (bilinear, antialiased), in chunks."""
+    if not side or images.shape[-2:] == (side, side):
+        return images
+    return torch.cat([F.interpolate(part.float(), size=(side, side), mode="bilinear",
+                                    antialias=True).round().clamp(0, 255).to(torch.uint8)
+                      for part in images.split(4096)])
+
+
+def fixed_size(load: Callable[[Path], tuple]) -> Callable[[Path, int], ImageData]:
+    """A loader of images of one native size, resized to `image-size` when that is set."""
+    def loader(root: Path, side: int) -> ImageData:
+        train_x, train_y, test_x, test_y, classes = load(root)
+        return ImageData(resized(train_x, side), train_y, resized(test_x, side), test_y,
+                         classes)
+    return loader
+
+
+# name -> loader(data_dir, image_size) -> ImageData (image_size 0: as stored)
+DATASETS: dict[str, Callable[[Path, int], ImageData]] = {
+    "fmnist": fixed_size(load_fmnist),
+    "cifar10": fixed_size(lambda root: load_cifar(root, 10)),
+    "cifar100": fixed_size(lambda root: load_cifar(root, 100)),
+    "folder": lambda root, side: ImageData(*load_folder(root, side)),
 }
 
 
 @lru_cache(maxsize=4)
-def load_dataset(name: str, data_dir: Path) -> ImageData:
+def load_dataset(name: str, data_dir: Path, image_size: int = 0) -> ImageData:
     """Load a registered dataset once per process (Ray actors serve many clients)."""
-    return DATASETS[name](Path(data_dir))
+    return DATASETS[name](Path(data_dir), image_size)
 
 
-@lru_cache(maxsize=8)
-def split_indices(name: str, data_dir: Path, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def dataset(cfg) -> ImageData:
+    """The run's dataset (`dataset`, `data-dir`, `image-size`)."""
+    return load_dataset(cfg.dataset, cfg.data_path, cfg.image_size)
+
+
+def split_indices(cfg) -> tuple[np.ndarray, np.ndarray]:
     """(client pool, server U) indices into the training split: half of each class each."""
-    return server_client_split(load_dataset(name, data_dir).train_y.numpy(), seed)
+    return _split(cfg.dataset, cfg.data_path, cfg.image_size, cfg.seed)
 
 
 @lru_cache(maxsize=8)
-def _partitions(name: str, data_dir: Path, split_seed: int, num_partitions: int,
-                alpha: float, partition_seed: int) -> tuple[np.ndarray, ...]:
-    pool, _ = split_indices(name, data_dir, split_seed)
-    labels = load_dataset(name, data_dir).train_y.numpy()[pool]
-    parts = dirichlet_partitions(labels, num_partitions, alpha, partition_seed)
+def _split(name: str, data_dir: Path, image_size: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    return server_client_split(load_dataset(name, data_dir, image_size).train_y.numpy(), seed)
+
+
+@lru_cache(maxsize=8)
+def _partitions(name: str, data_dir: Path, image_size: int, split_seed: int,
+                num_partitions: int, how: Partitioning,
+                partition_seed: int) -> tuple[np.ndarray, ...]:
+    pool, _ = _split(name, data_dir, image_size, split_seed)
+    labels = load_dataset(name, data_dir, image_size).train_y.numpy()[pool]
+    parts = partition_pool(labels, num_partitions, how, partition_seed)
     return tuple(pool[p] for p in parts)  # back to training-split indices
+
+
+def partitioning(cfg) -> Partitioning:
+    return Partitioning(cfg.partitioner, cfg.alpha, cfg.classes_per_client,
+                        cfg.shards_per_client)
 
 
 def client_indices(cfg, partition_id: int, num_partitions: int) -> np.ndarray:
     """Training-split indices of client `partition_id`'s data S_k."""
     if not 0 <= partition_id < num_partitions:
         raise ValueError(f"partition-id {partition_id} not in [0, {num_partitions})")
-    return _partitions(cfg.dataset, cfg.data_path, cfg.seed, num_partitions, cfg.alpha,
-                       cfg.effective_partition_seed)[partition_id]
+    return _partitions(cfg.dataset, cfg.data_path, cfg.image_size, cfg.seed, num_partitions,
+                       partitioning(cfg), cfg.effective_partition_seed)[partition_id]
 
 
 def client_data(cfg, partition_id: int, num_partitions: int) -> tuple[torch.Tensor, torch.Tensor]:
-    data = load_dataset(cfg.dataset, cfg.data_path)
+    data = dataset(cfg)
     idx = torch.from_numpy(client_indices(cfg, partition_id, num_partitions))
     return data.train_x[idx], data.train_y[idx]
 
 
 def distillation_indices(cfg) -> np.ndarray:
     """The server's unlabeled set U (D1), optionally a seeded subset of `distill-size`."""
-    _, server = split_indices(cfg.dataset, cfg.data_path, cfg.seed)
+    _, server = split_indices(cfg)
     if cfg.distill_size and cfg.distill_size < len(server):
         rng = np.random.default_rng(cfg.seed)
         server = np.sort(rng.choice(server, cfg.distill_size, replace=False))
@@ -87,7 +130,7 @@ def validation_indices(cfg) -> np.ndarray:
     seeded images of the server's half that are not in the distillation set."""
     if cfg.val_size == 0:
         return np.empty(0, dtype=np.int64)
-    _, server = split_indices(cfg.dataset, cfg.data_path, cfg.seed)
+    _, server = split_indices(cfg)
     rest = np.setdiff1d(server, distillation_indices(cfg))
     if cfg.val_size > len(rest):
         raise ConfigError(f"run-config key 'val-size' is {cfg.val_size}, but only {len(rest)} "
@@ -97,14 +140,14 @@ def validation_indices(cfg) -> np.ndarray:
 
 
 def validation_data(cfg) -> tuple[torch.Tensor, torch.Tensor]:
-    data = load_dataset(cfg.dataset, cfg.data_path)
+    data = dataset(cfg)
     idx = torch.from_numpy(validation_indices(cfg))
     return data.train_x[idx], data.train_y[idx]
 
 
 def server_data(cfg) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(U images, test images, test labels); labels of U are never handed out."""
-    data = load_dataset(cfg.dataset, cfg.data_path)
+    data = dataset(cfg)
     u = data.train_x[torch.from_numpy(distillation_indices(cfg))]
     test_x, test_y = data.test_x, data.test_y
     if cfg.test_size and cfg.test_size < len(test_y):

@@ -20,7 +20,8 @@ DEBIAN_DIR = Path("/usr/share/datasets/fashion-mnist")
 log = logging.getLogger(__name__)
 
 
-def load_fmnist(root: Path) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def load_fmnist(root: Path) -> tuple:
+    """(train x, train y, test x, test y, class names), images uint8 [N, 1, 28, 28]."""
     root = Path(root)
     raw = root / "FashionMNIST" / "raw"
     probe = FashionMNIST.__new__(FashionMNIST)
@@ -45,4 +46,4 @@ def load_fmnist(root: Path) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, t
             "holding FashionMNIST/raw/{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz], or "
             "install the offline copy: apt-get install dataset-fashion-mnist") from None
     return (train.data.unsqueeze(1), train.targets.long(),
-            test.data.unsqueeze(1), test.targets.long())
+            test.data.unsqueeze(1), test.targets.long(), tuple(train.classes))

@@ -52,25 +52,89 @@ class BasicBlock(nn.Module):
         return F.relu(self.bn2(self.conv2(out)) + self.shortcut(x))
 
 
-class ResNet18(nn.Module):
-    """ResNet-18, CIFAR variant (3x3 stem, no max-pool), as used in the paper (App. E.2)."""
+class Bottleneck(nn.Module):
+    expansion = 4
 
-    latent_dim = 512
+    def __init__(self, in_planes: int, planes: int, stride: int = 1):
+        super().__init__()
+        out = planes * self.expansion
+        self.conv1 = nn.Conv2d(in_planes, planes, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.conv2 = nn.Conv2d(planes, planes, 3, stride, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.conv3 = nn.Conv2d(planes, out, 1, bias=False)
+        self.bn3 = nn.BatchNorm2d(out)
+        self.shortcut = nn.Sequential()
+        if stride != 1 or in_planes != out:
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(in_planes, out, 1, stride, bias=False), nn.BatchNorm2d(out))
 
-    def __init__(self, in_channels: int = 3, num_classes: int = 10, image_size: int = 32):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = F.relu(self.bn2(self.conv2(out)))
+        return F.relu(self.bn3(self.conv3(out)) + self.shortcut(x))
+
+
+class ResNet(nn.Module):
+    """ResNet, CIFAR variant (3x3 stem, no max-pool), as used in the paper (App. E.2)."""
+
+    def __init__(self, block: type[nn.Module], blocks: tuple[int, int, int, int],
+                 in_channels: int, num_classes: int):
         super().__init__()
         self.conv1 = nn.Conv2d(in_channels, 64, 3, 1, 1, bias=False)
         self.bn1 = nn.BatchNorm2d(64)
         layers, in_planes = [], 64
-        for planes, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
-            layers += [BasicBlock(in_planes, planes, stride), BasicBlock(planes, planes, 1)]
-            in_planes = planes
+        for planes, stride, n in zip((64, 128, 256, 512), (1, 2, 2, 2), blocks):
+            for s in (stride,) + (1,) * (n - 1):
+                layers.append(block(in_planes, planes, s))
+                in_planes = planes * block.expansion
         self.layers = nn.Sequential(*layers)
-        self.linear = nn.Linear(512, num_classes)
+        self.latent_dim = in_planes
+        self.linear = nn.Linear(in_planes, num_classes)
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
         out = self.layers(F.relu(self.bn1(self.conv1(x))))
         return F.adaptive_avg_pool2d(out, 1).flatten(1)
+
+    def head(self, z: torch.Tensor) -> torch.Tensor:
+        return self.linear(z)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))
+
+
+class ResNet18(ResNet):
+    def __init__(self, in_channels: int = 3, num_classes: int = 10, image_size: int = 32):
+        super().__init__(BasicBlock, (2, 2, 2, 2), in_channels, num_classes)
+
+
+class ResNet50(ResNet):
+    def __init__(self, in_channels: int = 3, num_classes: int = 10, image_size: int = 32):
+        super().__init__(Bottleneck, (3, 4, 6, 3), in_channels, num_classes)
+
+
+class VGG11BN(nn.Module):
+    """VGG-11 with batch norm, CIFAR variant (one linear layer on the 512 channels left after
+    the convolutions). The last max-pool takes the whole remaining map, so 28x28 inputs work
+    as 32x32 ones do."""
+
+    PLAN = (64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512)
+    latent_dim = 512
+
+    def __init__(self, in_channels: int = 3, num_classes: int = 10, image_size: int = 32):
+        super().__init__()
+        layers, c = [], in_channels
+        for v in self.PLAN:
+            if v == "M":
+                layers.append(nn.MaxPool2d(2))
+            else:
+                layers += [nn.Conv2d(c, v, 3, padding=1), nn.BatchNorm2d(v), nn.ReLU()]
+                c = v
+        self.convs = nn.Sequential(*layers)
+        self.linear = nn.Linear(512, num_classes)
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        return F.adaptive_max_pool2d(self.convs(x), 1).flatten(1)
 
     def head(self, z: torch.Tensor) -> torch.Tensor:
         return self.linear(z)

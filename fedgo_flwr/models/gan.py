@@ -5,30 +5,52 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from fedgo_flwr.keys import ConfigError
+
+
+# The image sides the generator makes (and so FedGO's pre-FL stage and DaFKD support).
+GENERATOR_SIDES = (28, 32, 64)
+
+
+def generator_fits(side: int, dataset: str) -> None:
+    """Fail at once, naming both sides, when G cannot make the dataset's images."""
+    if side not in GENERATOR_SIDES:
+        raise ConfigError(f"dataset {dataset!r} has {side}x{side} images and the generator "
+                          f"makes {', '.join(map(str, GENERATOR_SIDES))}-pixel ones: set "
+                          "run-config key 'image-size' to one of these")
+
 
 class Generator(nn.Module):
     """DCGAN-style WGAN-GP generator: z -> 4x4 -> 8x8 -> 16x16 -> 32x32, tanh to [-1, 1].
 
-    For 28x28 images the 8x8 map is cropped to 7x7, as in the official WGAN-GP MNIST model.
+    For 28x28 images the 8x8 map is cropped to 7x7, as in the official WGAN-GP MNIST model;
+    for 64x64 one more doubling block (`block0`, from 8 * dim channels) comes first.
     """
 
     def __init__(self, latent_dim: int = 128, channels: int = 1, image_size: int = 28,
                  dim: int = 64):
         super().__init__()
-        if image_size not in (28, 32):
-            raise ValueError(f"generator supports 28x28 and 32x32 images, not {image_size}")
+        if image_size not in GENERATOR_SIDES:
+            raise ValueError(f"the generator makes {', '.join(map(str, GENERATOR_SIDES))}-pixel "
+                             f"images, not {image_size}: set run-config key 'image-size'")
         self.latent_dim, self.image_size = latent_dim, image_size
-        self.fc = nn.Sequential(nn.Linear(latent_dim, 4 * 4 * 4 * dim),
-                                nn.BatchNorm1d(4 * 4 * 4 * dim), nn.ReLU(True))
+        first = 8 * dim if image_size == 64 else 4 * dim
+        self.fc = nn.Sequential(nn.Linear(latent_dim, 4 * 4 * first),
+                                nn.BatchNorm1d(4 * 4 * first), nn.ReLU(True))
+        if image_size == 64:
+            self.block0 = nn.Sequential(nn.ConvTranspose2d(8 * dim, 4 * dim, 4, 2, 1),
+                                        nn.BatchNorm2d(4 * dim), nn.ReLU(True))
         self.block1 = nn.Sequential(nn.ConvTranspose2d(4 * dim, 2 * dim, 4, 2, 1),
                                     nn.BatchNorm2d(2 * dim), nn.ReLU(True))
         self.block2 = nn.Sequential(nn.ConvTranspose2d(2 * dim, dim, 4, 2, 1),
                                     nn.BatchNorm2d(dim), nn.ReLU(True))
         self.out = nn.ConvTranspose2d(dim, channels, 4, 2, 1)
-        self.dim = dim
+        self.dim, self.first = dim, first
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
-        x = self.fc(z).view(-1, 4 * self.dim, 4, 4)
+        x = self.fc(z).view(-1, self.first, 4, 4)
+        if self.image_size == 64:
+            x = self.block0(x)
         x = self.block1(x)
         if self.image_size == 28:
             x = x[:, :, :7, :7]

@@ -24,7 +24,7 @@ from flwr.serverapp.strategy import FedAvg
 from torch import nn
 
 from fedgo_flwr.client_context import Local, config_of, reply
-from fedgo_flwr.models import create_classifier
+from fedgo_flwr.models import create_classifier, require_feature_space
 from fedgo_flwr.seeds import client_seed, round_seed
 from fedgo_flwr.server.clients import (MIN_CLIENTS, Client, ClientDirectory, config_record,
                                        discover_clients, query_nodes, sample_partitions)
@@ -66,6 +66,13 @@ class ServerSetup:
     def new_classifier(self) -> nn.Module:
         c, h, _ = self.image_shape
         return create_classifier(self.cfg.model, c, self.num_classes, h)
+
+    def latent_dim(self, strategy: str) -> int:
+        """The width of the classifier's latent layer, for a strategy that works on it (a
+        model without `features`, `head` and `latent_dim` is refused, saying what to add)."""
+        net = self.new_classifier()
+        require_feature_space(net, strategy, self.cfg.model)
+        return net.latent_dim
 
 
 @dataclass

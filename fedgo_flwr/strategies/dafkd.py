@@ -32,7 +32,7 @@ from torch import nn
 from fedgo_flwr.batches import random_hflip, to_unit_range
 from fedgo_flwr.client_context import Local, config_of, reply
 from fedgo_flwr.keys import NON_NEGATIVE, key
-from fedgo_flwr.models import Generator
+from fedgo_flwr.models import Generator, generator_fits
 from fedgo_flwr.seeds import client_seed, round_seed
 from fedgo_flwr.server.record import RunRecord
 from fedgo_flwr.server.replies import arrays_problem
@@ -121,10 +121,11 @@ class DaFKD(EnsembleDistillation):
         cfg = setup.cfg
         self.keys = setup.cfg.keys("dafkd")
         c, h, _ = setup.image_shape
+        generator_fits(h, cfg.dataset)
         with torch.random.fork_rng():
             torch.manual_seed(cfg.seed)
             self.generator = Generator(cfg.latent_dim, c, h, cfg.generator_width)
-            self.head = discriminator_head(setup.new_classifier().latent_dim)
+            self.head = discriminator_head(setup.latent_dim("dafkd"))
         self.heads: dict[int, dict[str, torch.Tensor]] = {}  # partition -> this round's D_k head
         self.size = len(setup.u)  # generated distillation set, as large as U is for the others
         self.current_round = 0

@@ -102,7 +102,7 @@ class FedGen(FedAvgStrategy):
     def __init__(self, setup: ServerSetup, record: RunRecord):
         super().__init__(setup, record)
         self.keys = keys = setup.cfg.keys("fedgen")
-        latent = setup.new_classifier().latent_dim
+        latent = setup.latent_dim("fedgen")
         with torch.random.fork_rng():
             torch.manual_seed(setup.cfg.seed)
             self.generator = FeatureGenerator(setup.num_classes, latent, keys.noise_dim,

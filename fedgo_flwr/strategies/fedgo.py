@@ -23,7 +23,7 @@ from fedgo_flwr.diagnostics import phi_stats
 from fedgo_flwr.gan import (calibrate_discriminator, generator_negatives, image_negatives,
                             log_odds, train_discriminator, train_wgan_gp)
 from fedgo_flwr.generator_cache import generator_description, load_generator, save_generator
-from fedgo_flwr.models import Critic, Discriminator, Generator
+from fedgo_flwr.models import Critic, Discriminator, Generator, generator_fits
 from fedgo_flwr.seeds import client_seed
 from fedgo_flwr.server.clients import config_record
 from fedgo_flwr.server.record import RunRecord
@@ -67,6 +67,8 @@ class FedGO(EnsembleDistillation):
         self.cached_u_log_odds = torch.empty(0)  # [K, V, |U|]
         self.cached_test_log_odds = torch.empty(0)  # [K, |test|]
         self.calibrated = cfg.calibrated_odds
+        if cfg.discriminator_negatives == "generator":
+            generator_fits(setup.image_shape[1], cfg.dataset)
 
     # ------------------------------------------------------------------ pre-FL stage
     def prepare(self, grid: Grid) -> None:

@@ -1,0 +1,62 @@
+"""Any image folder through torchvision's ImageFolder: <root>/train/<class>/<image> and
+<root>/test/<class>/<image>, one folder per class (the same class folders in both), images of
+any format PIL reads, converted to RGB and, with `image-size`, resized to that side."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image, UnidentifiedImageError
+from torchvision.datasets import ImageFolder
+
+LAYOUT = "<data-dir>/train/<class>/<image> and <data-dir>/test/<class>/<image>"
+
+
+def read_split(folder: Path, image_size: int) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+    """Images uint8 [N, 3, H, W], labels and class names of one ImageFolder tree."""
+    if not folder.is_dir():
+        raise RuntimeError(f"dataset 'folder': no folder {folder}; lay the images out as "
+                           f"{LAYOUT}, or set run-config key 'data-dir' to where they are")
+    try:
+        tree = ImageFolder(str(folder), loader=lambda path: path)  # read below, one by one
+    except FileNotFoundError as err:  # no class folder, or a class folder without images
+        raise RuntimeError(f"dataset 'folder': {folder}: {err}; every class needs a folder "
+                           f"with at least one image ({LAYOUT})") from None
+    images, first = [], None
+    for path, _ in tree.samples:
+        try:
+            with Image.open(path) as img:
+                img = img.convert("RGB")
+                if image_size:
+                    img = img.resize((image_size, image_size), Image.Resampling.BILINEAR)
+                pixels = np.array(img, dtype=np.uint8)  # a writable copy
+        except (UnidentifiedImageError, OSError) as err:
+            raise RuntimeError(f"dataset 'folder': cannot read image {path} ({err}); remove or "
+                               "replace it") from None
+        if first is None:
+            first = (path, pixels.shape)
+        elif pixels.shape != first[1]:
+            raise RuntimeError(
+                f"dataset 'folder': images differ in size: {first[0]} is "
+                f"{first[1][1]}x{first[1][0]}, {path} is {pixels.shape[1]}x{pixels.shape[0]}; "
+                "set run-config key 'image-size' to resize them all to one side")
+        images.append(torch.from_numpy(pixels).permute(2, 0, 1))
+    labels = torch.tensor([label for _, label in tree.samples], dtype=torch.long)
+    return torch.stack(images), labels, tree.classes
+
+
+def load_folder(root: Path, image_size: int):
+    """(train x, train y, test x, test y, class names) of an ImageFolder dataset at `root`."""
+    train_x, train_y, classes = read_split(Path(root) / "train", image_size)
+    test_x, test_y, test_classes = read_split(Path(root) / "test", image_size)
+    if test_classes != classes:
+        raise RuntimeError(f"dataset 'folder': the class folders of {Path(root) / 'test'} "
+                           f"({', '.join(test_classes)}) differ from those of "
+                           f"{Path(root) / 'train'} ({', '.join(classes)})")
+    if test_x.shape[1:] != train_x.shape[1:]:
+        raise RuntimeError(f"dataset 'folder': test images are {tuple(test_x.shape[2:])}, "
+                           f"training images {tuple(train_x.shape[2:])}; set run-config key "
+                           "'image-size' to resize them all to one side")
+    return train_x, train_y, test_x, test_y, tuple(classes)

@@ -1,0 +1,126 @@
+"""Every registered dataset read from tiny files in its real on-disk format: CIFAR's python
+pickles, an ImageFolder tree; and the one-line errors of a bad folder."""
+
+import pickle
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from fedgo_flwr.config import Config
+from fedgo_flwr.data import DATASETS, client_data, load_dataset, server_data
+from fedgo_flwr.keys import ConfigError
+
+pytestmark = pytest.mark.unit
+
+
+def write_cifar(root, classes: int, per_batch: int = 20, seed: int = 0):
+    """CIFAR-10 (five data batches, a test batch, batches.meta) or CIFAR-100 (train, test,
+    meta) as the official python archives lay them out, at `per_batch` images a file."""
+    rng = np.random.default_rng(seed)
+    if classes == 10:
+        folder, files, key = root / "cifar-10-batches-py", [
+            *(f"data_batch_{i}" for i in range(1, 6)), "test_batch"], "labels"
+        meta, names = ("batches.meta", "label_names"), [f"class{i}" for i in range(10)]
+    else:
+        folder, files, key = root / "cifar-100-python", ["train", "test"], "fine_labels"
+        meta, names = ("meta", "fine_label_names"), [f"class{i}" for i in range(100)]
+    folder.mkdir(parents=True)
+    for name in files:
+        n = per_batch * (5 if classes == 100 and name == "train" else 1)
+        entry = {"data": rng.integers(0, 256, (n, 3 * 32 * 32), dtype=np.uint8),
+                 key: (np.arange(n) % classes).tolist()}
+        (folder / name).write_bytes(pickle.dumps(entry))
+    (folder / meta[0]).write_bytes(pickle.dumps({meta[1]: names}))
+    return names
+
+
+@pytest.mark.parametrize("classes", [10, 100])
+def test_cifar_is_read_from_its_python_pickles(tmp_path, classes):
+    names = write_cifar(tmp_path, classes)
+    data = load_dataset(f"cifar{classes}", tmp_path)
+    assert data.train_x.shape == (100, 3, 32, 32) and data.train_x.dtype == torch.uint8
+    assert data.test_x.shape == (20, 3, 32, 32)
+    assert data.num_classes == classes and list(data.classes) == names
+    first = pickle.loads((next(tmp_path.iterdir()) / ("data_batch_1" if classes == 10
+                                                      else "train")).read_bytes())
+    assert torch.equal(data.train_x[0], torch.from_numpy(first["data"][0]).view(3, 32, 32))
+    small = load_dataset(f"cifar{classes}", tmp_path, 16)  # image-size resizes
+    assert small.train_x.shape == (100, 3, 16, 16)
+
+
+def test_a_corrupt_cifar_file_names_the_folder_and_the_fix(tmp_path):
+    write_cifar(tmp_path, 10)
+    (tmp_path / "cifar-10-batches-py" / "data_batch_3").write_bytes(b"not a pickle")
+    with pytest.raises(RuntimeError, match="cannot read the files in .*cifar-10-batches-py"):
+        load_dataset("cifar10", tmp_path)
+
+
+def write_folder(root, classes=("cat", "dog", "owl"), per_class=4, size=(20, 20), seed=0):
+    rng = np.random.default_rng(seed)
+    for split in ("train", "test"):
+        for c in classes:
+            (root / split / c).mkdir(parents=True)
+            for i in range(per_class):
+                pixels = rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+                Image.fromarray(pixels).save(root / split / c / f"{i}.png")
+
+
+def test_an_image_folder_is_a_dataset(tmp_path):
+    write_folder(tmp_path)
+    data = load_dataset("folder", tmp_path)
+    assert data.classes == ("cat", "dog", "owl")
+    assert data.train_x.shape == (12, 3, 20, 20) and data.test_x.shape == (12, 3, 20, 20)
+    assert data.train_y.tolist() == [0] * 4 + [1] * 4 + [2] * 4
+    saved = np.array(Image.open(tmp_path / "train" / "dog" / "0.png"))
+    assert torch.equal(data.train_x[4], torch.from_numpy(saved).permute(2, 0, 1))
+    assert load_dataset("folder", tmp_path, 32).train_x.shape == (12, 3, 32, 32)
+
+
+def test_a_run_reads_its_folder_dataset(tmp_path):
+    """The split, the partitions and the server's sets come out of a folder like any dataset."""
+    write_folder(tmp_path, per_class=10)
+    cfg = Config().replace(dataset="folder", data_dir=str(tmp_path), image_size=32, alpha=1.0,
+                           distill_size=0, test_size=0)
+    x, y = client_data(cfg, 0, 2)
+    assert x.shape[1:] == (3, 32, 32) and len(y) > 0
+    u, test_x, test_y = server_data(cfg)
+    assert len(u) == 15 and len(test_y) == 30
+
+
+@pytest.mark.parametrize("damage,message", [
+    ("no-train", r"no folder .*train; lay the images out as <data-dir>/train/<class>"),
+    ("empty-class", r"Found no valid file for the classes owl.*every class needs a folder"),
+    ("unreadable", r"cannot read image .*dog.0.png .*remove or replace it"),
+    ("sizes", r"images differ in size: .* is 20x20, .* is 24x18; set run-config key "
+              r"'image-size'"),
+    ("test-classes", r"class folders of .*test \(cat, dog\) differ from those of .*train"),
+])
+def test_a_bad_folder_fails_in_one_line_naming_the_path_and_the_fix(tmp_path, damage, message):
+    write_folder(tmp_path)
+    if damage == "no-train":
+        for f in (tmp_path / "train").rglob("*.png"):
+            f.unlink()
+        for d in sorted((tmp_path / "train").glob("*")):
+            d.rmdir()
+        (tmp_path / "train").rmdir()
+    elif damage == "empty-class":
+        for f in (tmp_path / "train" / "owl").glob("*"):
+            f.unlink()
+    elif damage == "unreadable":
+        (tmp_path / "train" / "dog" / "0.png").write_bytes(b"not an image")
+    elif damage == "sizes":
+        Image.new("RGB", (24, 18)).save(tmp_path / "train" / "owl" / "9.png")
+    elif damage == "test-classes":
+        for f in (tmp_path / "test" / "owl").glob("*"):
+            f.unlink()
+        (tmp_path / "test" / "owl").rmdir()
+    with pytest.raises(RuntimeError, match=message) as err:
+        load_dataset("folder", tmp_path)
+    assert "\n" not in str(err.value)
+
+
+def test_an_unknown_dataset_names_the_registered_ones():
+    with pytest.raises(ConfigError, match="'dataset' is 'mnist'; allowed: " + ", ".join(sorted(DATASETS))):
+        Config().replace(dataset="mnist").validate()
