@@ -56,6 +56,11 @@ class Config:
                        "classes, from data-dir, else downloaded) or folder (an ImageFolder tree: "
                        "<data-dir>/train/<class>/<image> and <data-dir>/test/<class>/<image>)",
                        OneOf(DATASETS))
+    server_dataset: str = key("", "the dataset the server's unlabeled set U comes from (its "
+                              "server half); \"\" = `dataset` (FedGO's Table 7 uses CIFAR-100 "
+                              "for CIFAR-10 clients)",
+                              Allowed(f"\"\" or one of {', '.join(DATASETS)}",
+                                      lambda v: v == "" or v in DATASETS), ("distillation",))
     image_size: int = key(0, "resize every image to this side (bilinear); 0 = as stored (a "
                           "folder's images must then share one size)", NON_NEGATIVE)
     model: str = key("cnn", "the classifier: cnn (FedAvg's CNN), resnet18, resnet50, vgg11-bn "
@@ -87,6 +92,9 @@ class Config:
                                  "shard)", AT_LEAST_ONE, ("data",))
     flip: bool = key(True, "random horizontal flip of client data and U (paper, App. E.2)",
                      groups=("data",))
+    random_crop: int = key(0, "client training images padded by this many pixels and randomly "
+                           "cropped back (the paper's CIFAR augmentation: 4); 0 = none",
+                           NON_NEGATIVE, ("data",))
     test_size: int = key(2000, "test images used for evaluation (a seeded subset); 0 = all",
                          NON_NEGATIVE, ("data",))
     distill_size: int = key(3000, "images of U used for distillation (a seeded subset); "

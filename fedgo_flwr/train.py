@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedgo_flwr.batches import minibatches, random_hflip, to_unit_range
+from fedgo_flwr.batches import augment, minibatches, to_unit_range
 
 
 def resolve_device(name: str = "auto") -> torch.device:
@@ -52,9 +52,10 @@ def minibatch_descent(opt: torch.optim.Optimizer, n: int, *, epochs: int, batch_
 
 def train_classifier(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int,
                      batch_size: int, lr: float, flip: bool, seed: int, device: torch.device,
-                     extra_loss: Callable[[nn.Module], torch.Tensor] | None = None
-                     ) -> dict[str, float]:
-    """Adam on cross-entropy for `epochs` passes over (x, y); x is uint8 images.
+                     extra_loss: Callable[[nn.Module], torch.Tensor] | None = None,
+                     crop: int = 0) -> dict[str, float]:
+    """Adam on cross-entropy for `epochs` passes over (x, y); x is uint8 images, augmented
+    (batches.augment) by `crop` and `flip`.
     `extra_loss(model)`, a strategy's term of the local objective (FedProx's proximal term),
     is added to every minibatch's loss."""
     start = time.perf_counter()
@@ -63,9 +64,7 @@ def train_classifier(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epoc
     opt = torch.optim.Adam(model.parameters(), lr=lr)
 
     def batch_loss(idx: torch.Tensor) -> torch.Tensor:
-        xb = to_unit_range(x[idx]).to(device)
-        if flip:
-            xb = random_hflip(xb, gen)
+        xb = augment(to_unit_range(x[idx]).to(device), gen, flip=flip, crop=crop)
         loss = F.cross_entropy(model(xb), y[idx].to(device))
         return loss if extra_loss is None else loss + extra_loss(model)
 

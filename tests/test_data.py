@@ -144,3 +144,21 @@ def test_random_hflip_flips_about_half():
     flipped = (out[:, 0, 0, 0] == 3).float().mean().item()
     assert 0.4 < flipped < 0.6
     assert ((out[:, 0, 0, 0] == 0) | (out[:, 0, 0, 0] == 3)).all()
+
+
+def test_random_crop_takes_a_window_of_the_padded_image():
+    from fedgo_flwr.batches import augment, random_crop
+    x = torch.rand(16, 3, 8, 8) * 2 - 1
+    out = random_crop(x, 2, torch.Generator().manual_seed(0))
+    assert out.shape == x.shape
+    padded = torch.nn.functional.pad(x, (2,) * 4, value=-1.0)
+    offsets = set()
+    for i in range(16):
+        found = [(a, b) for a in range(5) for b in range(5)
+                 if torch.equal(out[i], padded[i, :, a:a + 8, b:b + 8])]
+        assert found
+        offsets.add(found[0])
+    assert len(offsets) > 3  # the offsets vary from image to image
+    # no crop: the flip-only path draws the same numbers as before the crop existed
+    a = augment(x, torch.Generator().manual_seed(3), flip=True, crop=0)
+    assert torch.equal(a, random_hflip(x, torch.Generator().manual_seed(3)))

@@ -124,3 +124,22 @@ def test_a_bad_folder_fails_in_one_line_naming_the_path_and_the_fix(tmp_path, da
 def test_an_unknown_dataset_names_the_registered_ones():
     with pytest.raises(ConfigError, match="'dataset' is 'mnist'; allowed: " + ", ".join(sorted(DATASETS))):
         Config().replace(dataset="mnist").validate()
+
+
+def test_the_servers_unlabeled_set_can_come_from_another_dataset(tmp_path):
+    """server-dataset: U is the server half of another dataset (FedGO's Table 7), the clients
+    and the test split stay on `dataset`; images of another shape are refused naming both."""
+    write_cifar(tmp_path, 10)
+    write_cifar(tmp_path, 100, per_batch=40, seed=1)  # 200 images, two of each class
+    cfg = Config().replace(dataset="cifar10", data_dir=str(tmp_path), distill_size=0,
+                           test_size=0, alpha=1.0)
+    own_u, test_x, _ = server_data(cfg)
+    u, other_test_x, _ = server_data(cfg.replace(server_dataset="cifar100"))
+    cifar100 = load_dataset("cifar100", tmp_path)
+    assert len(u) == 100 and all((cifar100.train_x == img).all((1, 2, 3)).any() for img in u)
+    assert len(own_u) == 50
+    assert torch.equal(test_x, other_test_x)
+    write_folder(tmp_path, size=(16, 16))
+    with pytest.raises(ConfigError, match=r"'server-dataset' is 'folder', whose images are "
+                                          r"3x16x16, while dataset 'cifar10' has 3x32x32"):
+        server_data(cfg.replace(server_dataset="folder"))

@@ -145,10 +145,23 @@ def validation_data(cfg) -> tuple[torch.Tensor, torch.Tensor]:
     return data.train_x[idx], data.train_y[idx]
 
 
+def server_source(cfg):
+    """The config U is drawn from: the run's own, or with `server-dataset` in place of
+    `dataset` (FedGO's Table 7: CIFAR-100 images as U for CIFAR-10 clients)."""
+    return cfg.replace(dataset=cfg.server_dataset) if cfg.server_dataset else cfg
+
+
 def server_data(cfg) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(U images, test images, test labels); labels of U are never handed out."""
-    data = dataset(cfg)
-    u = data.train_x[torch.from_numpy(distillation_indices(cfg))]
+    """(U images, test images, test labels); labels of U are never handed out. U is the
+    server's half of `server-dataset` when that is set, else of `dataset`."""
+    data, source = dataset(cfg), server_source(cfg)
+    u = dataset(source).train_x[torch.from_numpy(distillation_indices(source))]
+    if u.shape[1:] != data.image_shape:
+        raise ConfigError(
+            f"run-config key 'server-dataset' is {cfg.server_dataset!r}, whose images are "
+            f"{'x'.join(map(str, u.shape[1:]))}, while dataset {cfg.dataset!r} has "
+            f"{'x'.join(map(str, data.image_shape))} (channels x height x width); set "
+            "'image-size' to give both one side, and use datasets with as many channels")
     test_x, test_y = data.test_x, data.test_y
     if cfg.test_size and cfg.test_size < len(test_y):
         keep = torch.from_numpy(np.sort(np.random.default_rng(cfg.seed).choice(

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from torch import nn
 
-from fedgo_flwr.batches import random_hflip, to_unit_range
+from fedgo_flwr.batches import augment, to_unit_range
 from fedgo_flwr.client_context import Local, config_of, reply
 from fedgo_flwr.keys import NON_NEGATIVE, key
 from fedgo_flwr.models import Generator, generator_fits
@@ -67,7 +67,7 @@ def to_images(x: torch.Tensor) -> torch.Tensor:
 def train_domain_aware(model: nn.Module, head: nn.Module, generator: Generator,
                        x: torch.Tensor, y: torch.Tensor, *, epochs: int, batch_size: int,
                        lr: float, gan_lr: float, train_generator: bool, flip: bool, seed: int,
-                       device: torch.device) -> dict[str, float]:
+                       device: torch.device, crop: int = 0) -> dict[str, float]:
     """Local training of one DaFKD client. Each minibatch: one Adam step of the classifier and
     its discriminator head on CE(f(x), y) + BCE(D(x), 1) + BCE(D(G(z)), 0); then, when
     `train_generator`, one step of G on BCE(D(G(z)), 1)."""
@@ -82,9 +82,7 @@ def train_domain_aware(model: nn.Module, head: nn.Module, generator: Generator,
     g_losses = []
 
     def batch_loss(idx: torch.Tensor) -> torch.Tensor:
-        xb = to_unit_range(x[idx]).to(device)
-        if flip:
-            xb = random_hflip(xb, gen)
+        xb = augment(to_unit_range(x[idx]).to(device), gen, flip=flip, crop=crop)
         z = torch.randn(len(idx), generator.latent_dim, generator=gen).to(device)
         if train_generator:  # G's step against the current D (which the step below then updates)
             fake = generator(z)
@@ -229,7 +227,7 @@ def domain_aware_update(message: Message, local: Local) -> Message:
     result = train_domain_aware(
         model, head, generator, local.x, local.y, epochs=int(conf["local-epochs"]),
         batch_size=int(conf["batch-size"]), lr=float(conf["lr"]), gan_lr=float(conf["gan-lr"]),
-        train_generator=train_generator, flip=bool(conf["flip"]),
+        train_generator=train_generator, flip=bool(conf["flip"]), crop=int(conf["random-crop"]),
         seed=client_seed(int(conf["seed"]), local.partition_id), device=local.device)
     arrays = {"arrays": ArrayRecord(model.cpu().state_dict()),
               HEAD: ArrayRecord(head.cpu().state_dict())}
