@@ -53,7 +53,9 @@ class Config:
     strategy: str = key("fedgo", "the method; see the strategies table in the README",
                         OneOf(STRATEGIES))
     dataset: str = key("fmnist", "the dataset: fmnist, cifar10, cifar100 (torchvision's "
-                       "classes, from data-dir, else downloaded) or folder (an ImageFolder tree: "
+                       "classes, from data-dir, else downloaded), imagenet100 (downsampled, an "
+                       "ImageFolder tree <data-dir>/imagenet100/{train,val}/<wnid>/) or folder (an "
+                       "ImageFolder tree: "
                        "<data-dir>/train/<class>/<image> and <data-dir>/test/<class>/<image>)",
                        OneOf(DATASETS))
     server_dataset: str = key("", "the dataset the server's unlabeled set U comes from (its "

@@ -143,3 +143,24 @@ def test_the_servers_unlabeled_set_can_come_from_another_dataset(tmp_path):
     with pytest.raises(ConfigError, match=r"'server-dataset' is 'folder', whose images are "
                                           r"3x16x16, while dataset 'cifar10' has 3x32x32"):
         server_data(cfg.replace(server_dataset="folder"))
+
+
+def test_imagenet100_is_its_100_synsets_at_32_or_64_pixels(tmp_path):
+    from fedgo_flwr.data.imagenet100 import CLASSES
+    root = tmp_path / "imagenet100"
+    for split in ("train", "val"):
+        for i, wnid in enumerate(CLASSES):
+            (root / split / wnid).mkdir(parents=True)
+            Image.new("RGB", (64, 64), (i, 2 * i, 0)).save(root / split / wnid / "a.png")
+    data = load_dataset("imagenet100", tmp_path)
+    assert data.num_classes == 100 and data.train_x.shape == (100, 3, 64, 64)
+    assert list(data.classes) == sorted(CLASSES)
+    assert load_dataset("imagenet100", tmp_path, 32).test_x.shape == (100, 3, 32, 32)
+    (root / "train" / "n99999999").mkdir()
+    Image.new("RGB", (64, 64)).save(root / "train" / "n99999999" / "a.png")
+    for f in (root / "train" / CLASSES[0]).glob("*"):
+        f.unlink()
+    (root / "train" / CLASSES[0]).rmdir()
+    with pytest.raises(RuntimeError, match=r"not ImageNet100's 100 synsets \(1 missing: "
+                                           r"n02869837; 1 not in the list: n99999999\)"):
+        load_dataset("imagenet100", tmp_path, 16)

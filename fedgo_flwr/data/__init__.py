@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from fedgo_flwr.data.cifar import load_cifar
 from fedgo_flwr.data.fmnist import load_fmnist
 from fedgo_flwr.data.folder import load_folder
+from fedgo_flwr.data.imagenet100 import load_imagenet100
 from fedgo_flwr.data.split import PARTITIONERS, Partitioning, partition_pool, server_client_split
 from fedgo_flwr.keys import ConfigError
 
@@ -62,6 +63,7 @@ DATASETS: dict[str, Callable[[Path, int], ImageData]] = {
     "fmnist": fixed_size(load_fmnist),
     "cifar10": fixed_size(lambda root: load_cifar(root, 10)),
     "cifar100": fixed_size(lambda root: load_cifar(root, 100)),
+    "imagenet100": lambda root, side: ImageData(*load_imagenet100(root, side)),
     "folder": lambda root, side: ImageData(*load_folder(root, side)),
 }
 

@@ -14,16 +14,18 @@ from torchvision.datasets import ImageFolder
 LAYOUT = "<data-dir>/train/<class>/<image> and <data-dir>/test/<class>/<image>"
 
 
-def read_split(folder: Path, image_size: int) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
-    """Images uint8 [N, 3, H, W], labels and class names of one ImageFolder tree."""
+def read_split(folder: Path, image_size: int, dataset: str = "folder",
+               layout: str = LAYOUT) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+    """Images uint8 [N, 3, H, W], labels and class names of one ImageFolder tree (`dataset`
+    and its `layout` name it in errors)."""
     if not folder.is_dir():
-        raise RuntimeError(f"dataset 'folder': no folder {folder}; lay the images out as "
-                           f"{LAYOUT}, or set run-config key 'data-dir' to where they are")
+        raise RuntimeError(f"dataset {dataset!r}: no folder {folder}; lay the images out as "
+                           f"{layout}, or set run-config key 'data-dir' to where they are")
     try:
         tree = ImageFolder(str(folder), loader=lambda path: path)  # read below, one by one
     except FileNotFoundError as err:  # no class folder, or a class folder without images
-        raise RuntimeError(f"dataset 'folder': {folder}: {err}; every class needs a folder "
-                           f"with at least one image ({LAYOUT})") from None
+        raise RuntimeError(f"dataset {dataset!r}: {folder}: {err}; every class needs a "
+                           f"folder with at least one image ({layout})") from None
     images, first = [], None
     for path, _ in tree.samples:
         try:
@@ -33,13 +35,13 @@ def read_split(folder: Path, image_size: int) -> tuple[torch.Tensor, torch.Tenso
                     img = img.resize((image_size, image_size), Image.Resampling.BILINEAR)
                 pixels = np.array(img, dtype=np.uint8)  # a writable copy
         except (UnidentifiedImageError, OSError) as err:
-            raise RuntimeError(f"dataset 'folder': cannot read image {path} ({err}); remove or "
+            raise RuntimeError(f"dataset {dataset!r}: cannot read image {path} ({err}); remove or "
                                "replace it") from None
         if first is None:
             first = (path, pixels.shape)
         elif pixels.shape != first[1]:
             raise RuntimeError(
-                f"dataset 'folder': images differ in size: {first[0]} is "
+                f"dataset {dataset!r}: images differ in size: {first[0]} is "
                 f"{first[1][1]}x{first[1][0]}, {path} is {pixels.shape[1]}x{pixels.shape[0]}; "
                 "set run-config key 'image-size' to resize them all to one side")
         images.append(torch.from_numpy(pixels).permute(2, 0, 1))
