@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from fedgo_flwr.data import DATASETS, PARTITIONERS
+from fedgo_flwr.data import DATASETS, PARTITIONERS, dataset_name_problem
 from fedgo_flwr.distill import ENSEMBLE_SPACES, GUARDS
 from fedgo_flwr.gan import CALIBRATIONS, NEGATIVES
 from fedgo_flwr.keys import (AT_LEAST_ONE, FRACTION, NON_NEGATIVE, POSITIVE, Allowed,
@@ -56,13 +56,17 @@ class Config:
                        "classes, from data-dir, else downloaded), imagenet100 (downsampled, an "
                        "ImageFolder tree <data-dir>/imagenet100/{train,val}/<wnid>/) or folder (an "
                        "ImageFolder tree: "
-                       "<data-dir>/train/<class>/<image> and <data-dir>/test/<class>/<image>)",
-                       OneOf(DATASETS))
+                       "<data-dir>/train/<class>/<image> and <data-dir>/test/<class>/<image>), or "
+                       "a Hugging Face dataset, \"hub:<name or local path>\" (flwr-datasets' "
+                       "FederatedDataset; its train and test splits)",
+                       Allowed(f"one of {', '.join(DATASETS)}, or \"hub:<name or path>\"",
+                               lambda v: dataset_name_problem(v) is None))
     server_dataset: str = key("", "the dataset the server's unlabeled set U comes from (its "
                               "server half); \"\" = `dataset` (FedGO's Table 7 uses CIFAR-100 "
                               "for CIFAR-10 clients)",
-                              Allowed(f"\"\" or one of {', '.join(DATASETS)}",
-                                      lambda v: v == "" or v in DATASETS), ("distillation",))
+                              Allowed(f"\"\", one of {', '.join(DATASETS)} or \"hub:<name>\"",
+                                      lambda v: v == "" or dataset_name_problem(v) is None),
+                              ("distillation",))
     image_size: int = key(0, "resize every image to this side (bilinear); 0 = as stored (a "
                           "folder's images must then share one size)", NON_NEGATIVE)
     model: str = key("cnn", "the classifier: cnn (FedAvg's CNN), resnet18, resnet50, vgg11-bn "

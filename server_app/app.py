@@ -4,6 +4,7 @@ each checkpointed -> record and table."""
 from __future__ import annotations
 
 import logging
+import re
 from datetime import datetime, timezone
 from logging import INFO, WARNING
 from pathlib import Path
@@ -56,7 +57,8 @@ def run(grid: Grid, cfg: Config) -> Path:
         check_resumable(cfg, resumed["record"]["data"]["config"], path)
     torch.manual_seed(cfg.seed)
     np.random.seed(cfg.seed)
-    run_name = cfg.run_name or (f"{cfg.strategy}-{cfg.dataset}-a{cfg.alpha:g}-s{cfg.seed}-"
+    run_name = cfg.run_name or (f"{cfg.strategy}-{re.sub(r'[^\w.-]+', '-', cfg.dataset)}-"
+                                f"a{cfg.alpha:g}-s{cfg.seed}-"
                                 f"{datetime.now().strftime('%Y%m%d-%H%M%S')}")
     record = (RunRecord.restore(resumed["record"]) if resumed
               else RunRecord(cfg.to_run_config(), run_name))

@@ -122,8 +122,36 @@ def test_a_bad_folder_fails_in_one_line_naming_the_path_and_the_fix(tmp_path, da
 
 
 def test_an_unknown_dataset_names_the_registered_ones():
-    with pytest.raises(ConfigError, match="'dataset' is 'mnist'; allowed: " + ", ".join(sorted(DATASETS))):
+    with pytest.raises(ConfigError, match="'dataset' is 'mnist'; allowed: one of "
+                                          + ", ".join(DATASETS) + r", or \"hub:<name or path>"):
         Config().replace(dataset="mnist").validate()
+
+
+def test_a_hugging_face_dataset_is_read_through_flwr_datasets(tmp_path):
+    """dataset = "hub:<path>": a local dataset in the hub's parquet layout, its image and
+    class-label columns found by their features."""
+    import datasets
+    features = datasets.Features({"caption": datasets.Value("string"),
+                                  "picture": datasets.Image(),
+                                  "kind": datasets.ClassLabel(names=["ant", "bee"])})
+    rng = np.random.default_rng(0)
+    (tmp_path / "set" / "data").mkdir(parents=True)
+    for split, n in (("train", 6), ("test", 4)):
+        pixels = rng.integers(0, 256, (n, 12, 12, 3), dtype=np.uint8)
+        rows = {"caption": ["x"] * n, "picture": [Image.fromarray(p) for p in pixels],
+                "kind": [i % 2 for i in range(n)]}
+        datasets.Dataset.from_dict(rows, features=features).to_parquet(
+            tmp_path / "set" / "data" / f"{split}-00000-of-00001.parquet")
+        if split == "train":
+            first = pixels[0]
+    name = f"hub:{tmp_path / 'set'}"
+    Config().replace(dataset=name).validate()
+    data = load_dataset(name, tmp_path / "cache")
+    assert data.classes == ("ant", "bee") and data.train_x.shape == (6, 3, 12, 12)
+    assert data.test_y.tolist() == [0, 1, 0, 1]
+    assert torch.equal(data.train_x[0], torch.from_numpy(first).permute(2, 0, 1))
+    with pytest.raises(RuntimeError, match="could not be loaded"):
+        load_dataset(f"hub:{tmp_path / 'nothing-here'}", tmp_path / "cache")
 
 
 def test_the_servers_unlabeled_set_can_come_from_another_dataset(tmp_path):

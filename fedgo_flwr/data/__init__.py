@@ -18,6 +18,8 @@ import torch.nn.functional as F
 from fedgo_flwr.data.cifar import load_cifar
 from fedgo_flwr.data.fmnist import load_fmnist
 from fedgo_flwr.data.folder import load_folder
+from fedgo_flwr.data.hub import PREFIX as HUB
+from fedgo_flwr.data.hub import load_hub
 from fedgo_flwr.data.imagenet100 import load_imagenet100
 from fedgo_flwr.data.split import PARTITIONERS, Partitioning, partition_pool, server_client_split
 from fedgo_flwr.keys import ConfigError
@@ -68,9 +70,19 @@ DATASETS: dict[str, Callable[[Path, int], ImageData]] = {
 }
 
 
+def dataset_name_problem(name: str) -> str | None:
+    """Why `dataset` names no dataset, or None."""
+    if name in DATASETS or (name.startswith(HUB) and len(name) > len(HUB)):
+        return None
+    return (f"run-config key 'dataset' is {name!r}; allowed: {', '.join(DATASETS)}, or a "
+            "Hugging Face dataset as \"hub:<name or local path>\"")
+
+
 @lru_cache(maxsize=4)
 def load_dataset(name: str, data_dir: Path, image_size: int = 0) -> ImageData:
-    """Load a registered dataset once per process (Ray actors serve many clients)."""
+    """Load a dataset once per process (Ray actors serve many clients)."""
+    if name.startswith(HUB):
+        return ImageData(*load_hub(name[len(HUB):], Path(data_dir), image_size))
     return DATASETS[name](Path(data_dir), image_size)
 
 
