@@ -5,6 +5,7 @@ strategy; the ClientApp builds the `Local` of each message."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -12,6 +13,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from torch import nn
 
 from fedgo_flwr.data import client_data, dataset
+from fedgo_flwr.data.folder import load_site
 from fedgo_flwr.models import create_classifier
 from fedgo_flwr.train import resolve_device
 
@@ -26,21 +28,30 @@ class Local:
     num_partitions: int
     x: torch.Tensor  # uint8 images of S_k
     y: torch.Tensor
-    num_classes: int
+    classes: tuple[str, ...]  # class names in label order (the server checks them)
     device: torch.device
 
     @classmethod
     def of(cls, context: Context, cfg: "Config") -> "Local":
-        """This node's view of the run `cfg` (built from `context.run_config`)."""
+        """This node's view of the run `cfg` (built from `context.run_config`): its partition
+        of the run's dataset, or, with `--node-config dataset-path=...`, its own folder."""
         try:
             pid = int(context.node_config["partition-id"])
             k = int(context.node_config["num-partitions"])
         except KeyError as missing:
             raise RuntimeError(f"node config lacks {missing}: start the SuperNode with "
                                "--node-config \"partition-id=<i> num-partitions=<K>\"") from None
-        x, y = client_data(cfg, pid, k)
-        classes = dataset(cfg).num_classes
-        return cls(cfg, pid, k, x, y, classes, resolve_device())
+        own = context.node_config.get("dataset-path")
+        if own:
+            x, y, classes = load_site(Path(str(own)), cfg.image_size)
+        else:
+            x, y = client_data(cfg, pid, k)
+            classes = dataset(cfg).classes
+        return cls(cfg, pid, k, x, y, tuple(classes), resolve_device())
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
 
     @property
     def image_shape(self) -> tuple[int, int, int]:

@@ -57,8 +57,8 @@ def run(grid: Grid, cfg: Config) -> Path:
         check_resumable(cfg, resumed["record"]["data"]["config"], path)
     torch.manual_seed(cfg.seed)
     np.random.seed(cfg.seed)
-    run_name = cfg.run_name or (f"{cfg.strategy}-{re.sub(r'[^\w.-]+', '-', cfg.dataset)}-"
-                                f"a{cfg.alpha:g}-s{cfg.seed}-"
+    data_name = re.sub(r"[^\w.-]+", "-", cfg.dataset)  # hub:org/name -> hub-org-name
+    run_name = cfg.run_name or (f"{cfg.strategy}-{data_name}-a{cfg.alpha:g}-s{cfg.seed}-"
                                 f"{datetime.now().strftime('%Y%m%d-%H%M%S')}")
     record = (RunRecord.restore(resumed["record"]) if resumed
               else RunRecord(cfg.to_run_config(), run_name))
@@ -76,7 +76,7 @@ def run(grid: Grid, cfg: Config) -> Path:
     u, test_x, test_y = server_data(cfg)
     val_x, val_y = validation_data(cfg)
     setup = ServerSetup(cfg, u, test_x, test_y, data.num_classes,
-                        resolve_device(cfg.server_device), val_x, val_y)
+                        resolve_device(cfg.server_device), val_x, val_y, data.classes)
     log(INFO, "server: |U| = %d unlabeled, %d labelled validation, %d test images, device %s",
         len(u), len(val_y), len(test_y), setup.device)
 

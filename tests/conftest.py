@@ -75,7 +75,7 @@ TIERS = {
              "test_weighting", "test_toy", "test_results", "test_bench", "test_packaging",
              "test_teachers", "test_gan"},
     "app": {"test_server", "test_strategies", "test_feddf", "test_resilience",
-            "test_client_app", "test_diagnostics"},
+            "test_client_app", "test_diagnostics", "test_sites"},
     "e2e": {"test_flwr_run", "test_deploy"},
 }
 

@@ -14,15 +14,17 @@ from torchvision.datasets import ImageFolder
 LAYOUT = "<data-dir>/train/<class>/<image> and <data-dir>/test/<class>/<image>"
 
 
-def read_split(folder: Path, image_size: int, dataset: str = "folder",
-               layout: str = LAYOUT) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+def read_split(folder: Path, image_size: int, dataset: str = "folder", layout: str = LAYOUT,
+               allow_empty: bool = False) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
     """Images uint8 [N, 3, H, W], labels and class names of one ImageFolder tree (`dataset`
-    and its `layout` name it in errors)."""
+    and its `layout` name it in errors); with `allow_empty`, a class folder may hold no
+    image (a site that has none of that class still names it)."""
     if not folder.is_dir():
         raise RuntimeError(f"dataset {dataset!r}: no folder {folder}; lay the images out as "
                            f"{layout}, or set run-config key 'data-dir' to where they are")
     try:
-        tree = ImageFolder(str(folder), loader=lambda path: path)  # read below, one by one
+        tree = ImageFolder(str(folder), loader=lambda path: path,  # read below, one by one
+                           allow_empty=allow_empty)
     except FileNotFoundError as err:  # no class folder, or a class folder without images
         raise RuntimeError(f"dataset {dataset!r}: {folder}: {err}; every class needs a "
                            f"folder with at least one image ({layout})") from None
@@ -45,8 +47,21 @@ def read_split(folder: Path, image_size: int, dataset: str = "folder",
                 f"{first[1][1]}x{first[1][0]}, {path} is {pixels.shape[1]}x{pixels.shape[0]}; "
                 "set run-config key 'image-size' to resize them all to one side")
         images.append(torch.from_numpy(pixels).permute(2, 0, 1))
+    if not images:
+        raise RuntimeError(f"dataset {dataset!r}: {folder} holds no image ({layout})")
     labels = torch.tensor([label for _, label in tree.samples], dtype=torch.long)
     return torch.stack(images), labels, tree.classes
+
+
+SITE_LAYOUT = "<dataset-path>/<class>/<image>, every class of the federation a folder"
+
+
+def load_site(path: Path, image_size: int) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+    """A deployment node's own data S_k (`--node-config dataset-path=...`): an ImageFolder
+    tree of class folders (or its train/ subfolder); a class folder may be empty."""
+    path = Path(path)
+    folder = path / "train" if (path / "train").is_dir() else path
+    return read_split(folder, image_size, "dataset-path", SITE_LAYOUT, allow_empty=True)
 
 
 def load_folder(root: Path, image_size: int):

@@ -34,9 +34,11 @@ class Client:
 
 
 class ClientDirectory:
-    def __init__(self, clients: list[Client], num_partitions: int):
+    def __init__(self, clients: list[Client], num_partitions: int,
+                 refused: dict[str, str] | None = None):
         self.by_partition = {c.partition_id: c for c in sorted(clients, key=lambda c: c.partition_id)}
         self.num_partitions = num_partitions
+        self.refused = refused or {}  # partition id -> why it is left out (its classes)
 
     def __len__(self) -> int:
         return len(self.by_partition)
@@ -59,17 +61,29 @@ class ClientDirectory:
         return None
 
 
+def classes_problem(node_classes: tuple[str, ...] | None,
+                    server_classes: tuple[str, ...]) -> str | None:
+    """Why a node's class names rule it out, or None: they must be the server's, in order
+    (labels are indices into that list)."""
+    if not server_classes or node_classes is None or tuple(node_classes) == server_classes:
+        return None
+    return (f"its classes [{', '.join(node_classes)}] are not the server's "
+            f"[{', '.join(server_classes)}]")
+
+
 def discover_clients(mailbox: Mailbox, timeout: float, poll: float = 2.0,
-                     label_histograms: bool = False,
-                     require_all: bool = True) -> ClientDirectory:
-    """Ask every connected node for its partition id, partition count and n_k (and, for the
-    diagnostics alone, its label histogram), until all partitions 0..K-1 have answered
-    (deployment nodes may connect late) or `timeout` passes; then, unless `require_all`,
-    go on with the partitions that answered. A node that goes away after it is listed is
-    one that did not answer."""
+                     label_histograms: bool = False, require_all: bool = True,
+                     classes: tuple[str, ...] = ()) -> ClientDirectory:
+    """Ask every connected node for its partition id, partition count, n_k and class names
+    (and, for the diagnostics alone, its label histogram), until all partitions 0..K-1 have
+    answered (deployment nodes may connect late) or `timeout` passes; then, unless
+    `require_all`, go on with the partitions that answered. A node whose classes are not the
+    server's `classes` fails the run under `require_all`, else it is left out (`refused`). A
+    node that goes away after it is listed is one that did not answer."""
     grid = mailbox.grid
     deadline = time.monotonic() + timeout
     clients: dict[int, Client] = {}
+    refused: dict[str, str] = {}
     asked: set[int] = set()
     num_partitions: int | None = None
     while True:
@@ -81,7 +95,7 @@ def discover_clients(mailbox: Mailbox, timeout: float, poll: float = 2.0,
             if isinstance(answer, str):
                 failed[node] = answer
                 continue
-            pid, k, n, hist = answer
+            pid, k, n, hist, names = answer
             if num_partitions is None:
                 num_partitions = k
             if k != num_partitions:
@@ -89,6 +103,15 @@ def discover_clients(mailbox: Mailbox, timeout: float, poll: float = 2.0,
             if pid in clients:
                 raise RuntimeError(f"partition-id {pid} is claimed by nodes "
                                    f"{clients[pid].node_id} and {node}: fix --node-config")
+            why = classes_problem(names, classes)
+            if why:
+                if require_all:
+                    raise RuntimeError(f"node {node} (partition {pid}): {why}; give every "
+                                       "node the server's class folders, or set "
+                                       "require-all-clients = false to leave it out")
+                log(WARNING, "node %d (partition %d) is left out: %s", node, pid, why)
+                refused[str(pid)] = why
+                continue
             clients[pid] = Client(pid, node, n, hist)
         if failed:
             # Loading a partition is deterministic: a node that failed once is not asked again,
@@ -96,7 +119,7 @@ def discover_clients(mailbox: Mailbox, timeout: float, poll: float = 2.0,
             node, reason = next(iter(failed.items()))
             raise RuntimeError(f"{len(failed)} node(s) could not load their partition, e.g. "
                                f"node {node}: {reason}")
-        if num_partitions is not None and len(clients) == num_partitions:
+        if num_partitions is not None and len(clients) + len(refused) == num_partitions:
             break
         if time.monotonic() > deadline:
             missing = sorted(set(range(num_partitions or 0)) - set(clients))
@@ -111,13 +134,14 @@ def discover_clients(mailbox: Mailbox, timeout: float, poll: float = 2.0,
         time.sleep(poll)
     log(INFO, "%d clients, n_k by partition id: %s", len(clients),
         ", ".join(f"{p}: {clients[p].num_examples}" for p in sorted(clients)))
-    return ClientDirectory(list(clients.values()), num_partitions)
+    return ClientDirectory(list(clients.values()), num_partitions, refused)
 
 
 def query_nodes(mailbox: Mailbox, nodes: list[int], timeout: float,
                 label_histograms: bool = False
-                ) -> dict[int, tuple[int, int, int, tuple[int, ...] | None] | str]:
-    """node id -> (partition id, num-partitions, n_k, label histogram or None) for each node
+                ) -> dict[int, tuple | str]:
+    """node id -> (partition id, num-partitions, n_k, label histogram or None, class names
+    or None) for each node
     that answered the query in time, or the reason its answer is unusable (its ClientApp
     failed, or the reply is malformed). Nodes that did not answer are left out."""
     ask = RecordDict({"config": config_record(label_histogram=label_histograms)})
@@ -136,7 +160,8 @@ def query_nodes(mailbox: Mailbox, nodes: list[int], timeout: float,
         except (TypeError, KeyError, ValueError):
             answers[node] = f"malformed info reply {info}"
             continue
-        answers[node] = (pid, k, n, hist)
+        names = reply.content.config_records.get("classes")
+        answers[node] = (pid, k, n, hist, tuple(names["names"]) if names else None)
     return answers
 
 

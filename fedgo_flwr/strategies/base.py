@@ -26,8 +26,9 @@ from torch import nn
 from fedgo_flwr.client_context import Local, config_of, reply
 from fedgo_flwr.models import create_classifier, require_feature_space
 from fedgo_flwr.seeds import client_seed, round_seed
-from fedgo_flwr.server.clients import (MIN_CLIENTS, Client, ClientDirectory, config_record,
-                                       discover_clients, query_nodes, sample_partitions)
+from fedgo_flwr.server.clients import (MIN_CLIENTS, Client, ClientDirectory, classes_problem,
+                                       config_record, discover_clients, query_nodes,
+                                       sample_partitions)
 from fedgo_flwr.server.mailbox import Mailbox
 from fedgo_flwr.server.record import RunRecord, round_line
 from fedgo_flwr.server.replies import payload_bytes, reply_problem
@@ -54,6 +55,7 @@ class ServerSetup:
     device: torch.device
     val_x: torch.Tensor = torch.empty(0, dtype=torch.uint8)  # labelled validation split, if any
     val_y: torch.Tensor = torch.empty(0, dtype=torch.long)
+    classes: tuple[str, ...] = ()  # class names; a node reporting others is refused
 
     @property
     def amp(self) -> bool:
@@ -131,12 +133,14 @@ class FedAvgStrategy(FedAvg):
         self.mailbox = Mailbox(grid)
         self.clients = discover_clients(self.mailbox, timeout=cfg.join_timeout,
                                         label_histograms=self.asks_label_counts,
-                                        require_all=cfg.require_all_clients)
+                                        require_all=cfg.require_all_clients,
+                                        classes=self.setup.classes)
         self.record.data["clients"] = {
             "num_partitions": self.clients.num_partitions,
             "num_examples": {str(p): c.num_examples for p, c in self.clients.by_partition.items()},
             "missing_at_start": sorted(set(range(self.clients.num_partitions))
                                        - set(self.clients.partition_ids)),
+            "refused": self.clients.refused,
         }
         if self.asks_label_counts:
             self.record.data["clients"]["label_histograms"] = {
@@ -203,9 +207,10 @@ class FedAvgStrategy(FedAvg):
             return
         for node, answer in query_nodes(self.mailbox, probe, PROBE_SECONDS,
                                         self.asks_label_counts).items():
-            if isinstance(answer, str) or answer[1] != self.clients.num_partitions:
+            if (isinstance(answer, str) or answer[1] != self.clients.num_partitions
+                    or classes_problem(answer[4], self.setup.classes)):
                 continue
-            pid, _, n, _ = answer
+            pid, _, n, _, _ = answer
             old = self.clients.by_partition.get(pid)
             self.clients.by_partition[pid] = Client(pid, node, n, old and old.label_histogram)
             self.rejoin(pid, server_round)
@@ -349,13 +354,16 @@ class FedAvgStrategy(FedAvg):
 
 # ---------------------------------------------------------------------------- client side
 def info(message: Message, local: Local) -> Message:
-    """Partition id, partition count and n_k (the server keys clients by these); the label
-    histogram only when the server's config asks (diagnostics)."""
+    """Partition id, partition count and n_k (the server keys clients by these) and the class
+    names (the server refuses a node whose classes are not its own); the label histogram only
+    when the server's config asks (diagnostics)."""
     reply_ = {"partition-id": local.partition_id, "num-partitions": local.num_partitions,
               "num-examples": len(local.y)}
     if config_of(message).get("label-histogram"):
         reply_["label-histogram"] = torch.bincount(local.y, minlength=local.num_classes).tolist()
-    return reply(message, reply_, key="info")
+    answer = reply(message, reply_, key="info")
+    answer.content.config_records["classes"] = ConfigRecord({"names": list(local.classes)})
+    return answer
 
 
 def local_update(message: Message, local: Local, model: nn.Module,
