@@ -25,6 +25,7 @@ from fedgo_flwr.keys import (AT_LEAST_ONE, FRACTION, NON_NEGATIVE, POSITIVE, All
                              ConfigError, Declared, OneOf, check, check_fields, choice, coerce,
                              declared, key)
 from fedgo_flwr.models import CLASSIFIERS, model_name_problem
+from fedgo_flwr.train import OPTIMIZERS
 from fedgo_flwr.strategies import STRATEGIES
 from fedgo_flwr.weighting import WEIGHTINGS
 
@@ -111,10 +112,15 @@ class Config:
     num_server_rounds: int = key(5, "T, the number of rounds", AT_LEAST_ONE, ("rounds",))
     fraction_train: float = key(0.4, "C: a round trains floor(C K) clients, at least two "
                                 "(all when fewer are present)", FRACTION, ("rounds",))
-    local_epochs: int = key(1, "client training epochs a round (Adam)", NON_NEGATIVE,
-                            ("rounds",))
+    local_epochs: int = key(1, "client training epochs a round", NON_NEGATIVE, ("rounds",))
     batch_size: int = key(64, "client training batch size", AT_LEAST_ONE, ("rounds",))
-    lr: float = key(1e-3, "client learning rate (Adam)", POSITIVE, ("rounds",))
+    lr: float = key(1e-3, "client learning rate", POSITIVE, ("rounds",))
+    optimizer: str = key("adam", "how classifiers are trained, by the clients and in the "
+                         "server's distillation: adam (the paper's main tables) or sgd with "
+                         "`momentum` (its Table 8, VGG11 at lr 0.01)", OneOf(OPTIMIZERS),
+                         ("rounds",))
+    momentum: float = key(0.9, "SGD momentum (optimizer = sgd)", Allowed(
+        "in [0, 1)", lambda v: 0 <= v < 1), ("rounds",))
     round_timeout: float = key(3600.0, "seconds a round (and the pre-FL exchange) waits for "
                                "replies; who did not answer is logged and recorded", POSITIVE,
                                ("rounds",))

@@ -13,7 +13,7 @@ from torch import nn
 
 from fedgo_flwr.batches import minibatches, to_unit_range
 from fedgo_flwr.teachers import server_autocast
-from fedgo_flwr.train import descend, evaluate
+from fedgo_flwr.train import classifier_optimizer, descend, evaluate
 
 
 # Where the weights mix the clients: Algorithm 2 weights logits; Theorem 3.4's ensemble
@@ -109,12 +109,13 @@ def batch_loss_fn(student: nn.Module, u: torch.Tensor, targets: torch.Tensor,
 
 def distill(student: nn.Module, u: torch.Tensor, targets: torch.Tensor, *,
             batches: list[torch.Tensor], lr: float, device: torch.device,
-            amp: bool = False) -> dict[str, float]:
+            amp: bool = False, optimizer: str = "adam",
+            momentum: float = 0.9) -> dict[str, float]:
     """FedGO's server update: one Adam(lr) step per batch of draw_batches (E_s passes over U)
     against the fixed pseudo-labels targets [V, |U|, C] of view_pseudo_labels; u is uint8."""
     start = time.perf_counter()
     student.to(device).train()
-    opt = torch.optim.Adam(student.parameters(), lr=lr)
+    opt = classifier_optimizer(student.parameters(), lr, optimizer, momentum)
     loss = descend(opt, batches, batch_loss_fn(student, u, targets, device, amp))
     student.eval()
     return {"distill_loss": loss, "seconds": time.perf_counter() - start}
@@ -124,7 +125,8 @@ def distill_early_stopping(student: nn.Module, u: torch.Tensor, targets: torch.T
                            batches: list[torch.Tensor], lr: float, device: torch.device,
                            validation: tuple[torch.Tensor, torch.Tensor] | None = None,
                            eval_every: int = 100, patience: int = 1000,
-                           clip_norm: float = 5.0, amp: bool = False) -> dict[str, float]:
+                           clip_norm: float = 5.0, amp: bool = False, optimizer: str = "adam",
+                           momentum: float = 0.9) -> dict[str, float]:
     """FedDF's server update: up to one Adam step per batch of draw_batches (the step budget),
     the learning rate cosine-annealed over the budget and the gradient norm clipped at
     `clip_norm`. With a labelled validation split, the student is validated before training
@@ -132,7 +134,7 @@ def distill_early_stopping(student: nn.Module, u: torch.Tensor, targets: torch.T
     validation accuracy, and the best checkpoint is restored."""
     start = time.perf_counter()
     student.to(device).train()
-    opt = torch.optim.Adam(student.parameters(), lr=lr)
+    opt = classifier_optimizer(student.parameters(), lr, optimizer, momentum)
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(1, len(batches)))
     batch_loss = batch_loss_fn(student, u, targets, device, amp)
 

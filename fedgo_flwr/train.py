@@ -20,6 +20,20 @@ def resolve_device(name: str = "auto") -> torch.device:
     return torch.device(name)
 
 
+# How classifiers are trained, on the clients and in the server's distillation: Adam (the
+# paper's main tables) or SGD with momentum (its Table 8, VGG11: lr 0.01, momentum 0.9).
+OPTIMIZERS = ("adam", "sgd")
+
+
+def classifier_optimizer(params, lr: float, name: str = "adam",
+                         momentum: float = 0.9) -> torch.optim.Optimizer:
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=momentum)
+    raise ValueError(f"optimizer {name!r}; allowed: {', '.join(OPTIMIZERS)}")
+
+
 def descend(opt: torch.optim.Optimizer, batches: Iterable[torch.Tensor],
             batch_loss: Callable[[torch.Tensor], torch.Tensor]) -> float:
     """One optimiser step per batch on batch_loss(batch), a batch being a tensor of indices;
@@ -53,15 +67,16 @@ def minibatch_descent(opt: torch.optim.Optimizer, n: int, *, epochs: int, batch_
 def train_classifier(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int,
                      batch_size: int, lr: float, flip: bool, seed: int, device: torch.device,
                      extra_loss: Callable[[nn.Module], torch.Tensor] | None = None,
-                     crop: int = 0) -> dict[str, float]:
-    """Adam on cross-entropy for `epochs` passes over (x, y); x is uint8 images, augmented
-    (batches.augment) by `crop` and `flip`.
+                     crop: int = 0, optimizer: str = "adam",
+                     momentum: float = 0.9) -> dict[str, float]:
+    """Adam (or SGD, see classifier_optimizer) on cross-entropy for `epochs` passes over
+    (x, y); x is uint8 images, augmented (batches.augment) by `crop` and `flip`.
     `extra_loss(model)`, a strategy's term of the local objective (FedProx's proximal term),
     is added to every minibatch's loss."""
     start = time.perf_counter()
     gen = torch.Generator().manual_seed(seed)
     model.to(device).train()
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    opt = classifier_optimizer(model.parameters(), lr, optimizer, momentum)
 
     def batch_loss(idx: torch.Tensor) -> torch.Tensor:
         xb = augment(to_unit_range(x[idx]).to(device), gen, flip=flip, crop=crop)

@@ -50,7 +50,8 @@ def train_central(cfg: Config, epochs: int, out: Path) -> Path:
     rounds = [{"round": 0, "server_test_acc": acc, "server_test_loss": loss}]
     for epoch in range(1, epochs + 1):
         info = train_classifier(model, x, y, epochs=1, batch_size=cfg.batch_size, lr=cfg.lr,
-                                flip=cfg.flip, crop=cfg.random_crop,
+                                flip=cfg.flip, crop=cfg.random_crop, optimizer=cfg.optimizer,
+                                momentum=cfg.momentum,
                                 seed=round_seed(cfg.seed, epoch), device=device)
         acc, loss = evaluate(model, test_x, test_y, device=device)
         rounds.append({"round": epoch, "server_test_acc": acc, "server_test_loss": loss,

@@ -103,7 +103,8 @@ def client_models(cfg: Config, pids: list[int], num_clients: int, epochs: int, d
         x, y = client_data(cfg, pid, num_clients)
         net = copy.deepcopy(initial)
         train_classifier(net, x, y, epochs=epochs, batch_size=cfg.batch_size, lr=cfg.lr,
-                         flip=cfg.flip, crop=cfg.random_crop,
+                         flip=cfg.flip, crop=cfg.random_crop, optimizer=cfg.optimizer,
+                         momentum=cfg.momentum,
                          seed=client_seed(round_seed(cfg.seed, 1), pid),
                          device=device)
         nets.append(net.cpu())

@@ -180,5 +180,7 @@ def test_shipped_plans_and_presets_are_valid(tmp_path):
     assert plans
     for plan in plans:
         assert cells_of(load_plan(plan), tmp_path, REPO), plan
-    for preset in sorted((REPO / "conf").glob("*.toml")):
+    presets = sorted((REPO / "conf").rglob("*.toml"))
+    assert len([p for p in presets if p.parent.name == "paper"]) == 7
+    for preset in presets:
         Config.from_run_config(tomllib.loads(preset.read_text()))

@@ -61,7 +61,7 @@ def test_a_calibrated_discriminator_against_the_servers_images(tiny_config):
 
 def _train_content(model):
     conf = config_record(local_epochs=1, batch_size=32, lr=1e-3, flip=False, random_crop=0,
-                         seed=1)
+                         optimizer="adam", momentum=0.9, seed=1)
     return RecordDict({"arrays": ArrayRecord(model.state_dict()), "config": conf})
 
 

@@ -1,3 +1,5 @@
+import copy
+
 import torch
 
 import pytest
@@ -101,3 +103,27 @@ def test_only_the_views_the_batches_meet_are_labelled_and_those_exactly():
         logits = torch.stack([net(view_x) for net in nets]).detach()
         full = pseudo_labels(logits, odds_weights(logits, log_odds[v], n_k))
         torch.testing.assert_close(targets[v][labelled[v]], full[labelled[v]])
+
+
+def test_the_optimizer_key_chooses_adam_or_sgd_with_momentum():
+    """optimizer = sgd (the paper's Table 8) trains clients and the server by SGD with
+    momentum: one distillation step moves each parameter by -lr * grad."""
+    from fedgo_flwr.train import classifier_optimizer
+    net = CNN()
+    assert isinstance(classifier_optimizer(net.parameters(), 0.01), torch.optim.Adam)
+    sgd = classifier_optimizer(net.parameters(), 0.01, "sgd", 0.5)
+    assert isinstance(sgd, torch.optim.SGD) and sgd.defaults["momentum"] == 0.5
+    with pytest.raises(ValueError, match="allowed: adam, sgd"):
+        classifier_optimizer(net.parameters(), 0.01, "rmsprop")
+    torch.manual_seed(0)
+    student = CNN()
+    u = torch.randint(0, 256, (8, 1, 28, 28), dtype=torch.uint8)
+    targets = torch.softmax(torch.randn(1, 8, 10), -1)
+    batch = [torch.arange(8)]
+    from fedgo_flwr.distill import batch_loss_fn
+    reference = copy.deepcopy(student)
+    batch_loss_fn(reference, u, targets, torch.device("cpu"))(batch[0]).backward()
+    distill(student, u, targets, batches=batch, lr=0.1, device=torch.device("cpu"),
+            optimizer="sgd")
+    expected = reference.fc2.weight - 0.1 * reference.fc2.weight.grad
+    torch.testing.assert_close(student.fc2.weight, expected)

@@ -210,7 +210,7 @@ def test_fedgen_clients_learn_from_the_generated_features(tiny_config):
         generator.hidden.weight[:, 32:] *= 10
     prior = [0.1] * 10
     conf = config_record(local_epochs=5, batch_size=32, lr=1e-3, flip=False, random_crop=0,
-                         seed=1, fedgen_alpha=10.0, label_prior=prior, noise_dim=32, hidden_dim=256)
+                         optimizer="adam", momentum=0.9, seed=1, fedgen_alpha=10.0, label_prior=prior, noise_dim=32, hidden_dim=256)
     from fedgo_flwr.strategies.fedgen import generated_feature_update
     cfg = tiny_config.replace(strategy="fedgen")
     grid = InProcessGrid(client_module.app, cfg.to_run_config(), 4)

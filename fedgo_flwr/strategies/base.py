@@ -229,7 +229,8 @@ class FedAvgStrategy(FedAvg):
         cfg = self.cfg
         return config_record(server_round=server_round, local_epochs=cfg.local_epochs,
                              batch_size=cfg.batch_size, lr=cfg.lr, flip=cfg.flip,
-                             random_crop=cfg.random_crop, seed=round_seed(cfg.seed, server_round))
+                             random_crop=cfg.random_crop, optimizer=cfg.optimizer,
+                             momentum=cfg.momentum, seed=round_seed(cfg.seed, server_round))
 
     def train_content(self, server_round: int, arrays: ArrayRecord) -> RecordDict:
         """What every sampled client receives: the global model and the train config."""
@@ -374,6 +375,8 @@ def local_update(message: Message, local: Local, model: nn.Module,
     result = train_classifier(model, local.x, local.y, epochs=int(conf["local-epochs"]),
                               batch_size=int(conf["batch-size"]), lr=float(conf["lr"]),
                               flip=bool(conf["flip"]), crop=int(conf["random-crop"]),
+                              optimizer=str(conf["optimizer"]),
+                              momentum=float(conf["momentum"]),
                               seed=client_seed(int(conf["seed"]), local.partition_id),
                               device=local.device, extra_loss=extra_loss)
     return reply(message, {"num-examples": len(local.y), **result},

@@ -40,7 +40,7 @@ from fedgo_flwr.strategies.base import CLIENT, ClientModel, ServerSetup, weighte
 from fedgo_flwr.strategies.ensemble import MARKS, READS, EnsembleDistillation
 from fedgo_flwr.strategies.registry import StrategySpec
 from fedgo_flwr.teachers import server_autocast
-from fedgo_flwr.train import apply_in_batches, minibatch_descent
+from fedgo_flwr.train import apply_in_batches, classifier_optimizer, minibatch_descent
 from fedgo_flwr.weighting import domain_aware_weights
 
 GENERATOR, HEAD = "generator", "discriminator-head"
@@ -67,7 +67,8 @@ def to_images(x: torch.Tensor) -> torch.Tensor:
 def train_domain_aware(model: nn.Module, head: nn.Module, generator: Generator,
                        x: torch.Tensor, y: torch.Tensor, *, epochs: int, batch_size: int,
                        lr: float, gan_lr: float, train_generator: bool, flip: bool, seed: int,
-                       device: torch.device, crop: int = 0) -> dict[str, float]:
+                       device: torch.device, crop: int = 0, optimizer: str = "adam",
+                       momentum: float = 0.9) -> dict[str, float]:
     """Local training of one DaFKD client. Each minibatch: one Adam step of the classifier and
     its discriminator head on CE(f(x), y) + BCE(D(x), 1) + BCE(D(G(z)), 0); then, when
     `train_generator`, one step of G on BCE(D(G(z)), 1)."""
@@ -76,7 +77,8 @@ def train_domain_aware(model: nn.Module, head: nn.Module, generator: Generator,
     model.to(device).train()
     head.to(device).train()
     generator.to(device).train(train_generator)
-    opt = torch.optim.Adam([*model.parameters(), *head.parameters()], lr=lr)
+    opt = classifier_optimizer([*model.parameters(), *head.parameters()], lr, optimizer,
+                               momentum)
     opt_g = torch.optim.Adam(generator.parameters(), lr=gan_lr, betas=(0.5, 0.999))
     ones = lambda n: torch.ones(n, device=device)  # noqa: E731
     g_losses = []
@@ -228,6 +230,7 @@ def domain_aware_update(message: Message, local: Local) -> Message:
         model, head, generator, local.x, local.y, epochs=int(conf["local-epochs"]),
         batch_size=int(conf["batch-size"]), lr=float(conf["lr"]), gan_lr=float(conf["gan-lr"]),
         train_generator=train_generator, flip=bool(conf["flip"]), crop=int(conf["random-crop"]),
+        optimizer=str(conf["optimizer"]), momentum=float(conf["momentum"]),
         seed=client_seed(int(conf["seed"]), local.partition_id), device=local.device)
     arrays = {"arrays": ArrayRecord(model.cpu().state_dict()),
               HEAD: ArrayRecord(head.cpu().state_dict())}

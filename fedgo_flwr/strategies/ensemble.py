@@ -108,11 +108,12 @@ class EnsembleDistillation(FedAvgStrategy):
 
     def distill_student(self, server_round: int, student: torch.nn.Module,
                         targets: torch.Tensor, batches: list[torch.Tensor]) -> dict:
-        """One Adam step per batch on KL(y~ || student); returns distill_loss, distill_steps,
-        distill_lr and seconds."""
+        """One Adam (or SGD) step per batch on KL(y~ || student); returns distill_loss,
+        distill_steps, distill_lr and seconds."""
         lr = self.server_lr(server_round)
         info = distill(student, self.u, targets, batches=batches, lr=lr,
-                       device=self.setup.device, amp=self.setup.amp)
+                       device=self.setup.device, amp=self.setup.amp,
+                       optimizer=self.cfg.optimizer, momentum=self.cfg.momentum)
         return {**info, "distill_steps": len(batches), "distill_lr": lr}
 
     # --- the shared round

@@ -75,7 +75,8 @@ class FedDF(EnsembleDistillation):
         info = distill_early_stopping(
             student, self.u, targets, batches=batches, lr=lr, device=self.setup.device,
             validation=validation, eval_every=keys.eval_every, patience=keys.patience,
-            clip_norm=keys.clip_norm, amp=self.setup.amp)
+            clip_norm=keys.clip_norm, amp=self.setup.amp, optimizer=self.cfg.optimizer,
+            momentum=self.cfg.momentum)
         return {**info, "distill_lr": lr}
 
 
