@@ -17,6 +17,7 @@ import yaml
 
 from conftest import REPO
 from fedgo_lab import bench
+from test_datasets import write_cifar, write_folder
 
 
 def _free_port() -> int:
@@ -207,3 +208,84 @@ def test_bench_plan_runs_every_cell_resumes_and_reports(tiny_data_dir, tmp_path,
     # it resumes: nothing is left to run
     assert bench.main([str(plan), "--out", str(out), "--repo", str(REPO)]) == 0
     assert "2 cells, 2 finished, 0 to run" in capsys.readouterr().out
+
+
+USER_NET = """
+import torch.nn.functional as F
+from torch import nn
+
+
+class TinyNet(nn.Module):
+    def __init__(self, channels, num_classes, image_size):
+        super().__init__()
+        self.conv = nn.Conv2d(channels, 8, 3, padding=1)
+        self.fc = nn.Linear(8 * (image_size // 2) ** 2, num_classes)
+
+    def forward(self, x):
+        return self.fc(F.max_pool2d(F.relu(self.conv(x)), 2).flatten(1))
+"""
+
+
+def _write_hub(root):
+    import datasets
+    import numpy as np
+    from PIL import Image
+    features = datasets.Features({"img": datasets.Image(),
+                                  "label": datasets.ClassLabel(names=list("abcd"))})
+    rng = np.random.default_rng(0)
+    (root / "data").mkdir(parents=True)
+    for split, n in (("train", 48), ("test", 12)):
+        rows = {"img": [Image.fromarray(p) for p in
+                        rng.integers(0, 256, (n, 28, 28, 3), dtype=np.uint8)],
+                "label": [i % 4 for i in range(n)]}
+        datasets.Dataset.from_dict(rows, features=features).to_parquet(
+            root / "data" / f"{split}-00000-of-00001.parquet")
+
+
+def write_imagenet100(root):
+    from PIL import Image
+    from fedgo_flwr.data.imagenet100 import CLASSES
+    for split in ("train", "val"):
+        for i, wnid in enumerate(CLASSES):
+            (root / "imagenet100" / split / wnid).mkdir(parents=True)
+            for j in range(2 if split == "train" else 1):
+                Image.new("RGB", (64, 64), (i, 2 * i, 40 * j)).save(
+                    root / "imagenet100" / split / wnid / f"{j}.png")
+
+
+# Each dataset through the real runtime, each with another model: name -> (writer of its
+# files under data-dir, overrides). The FedAvg CNN on Fashion-MNIST is every other real run.
+DATA_RUNS = {
+    "cifar10-resnet18": (lambda d: write_cifar(d, 10), 'dataset="cifar10" model="resnet18"'),
+    "cifar100-vgg11-bn": (lambda d: write_cifar(d, 100, per_batch=40),
+                          'dataset="cifar100" model="vgg11-bn" optimizer="sgd" lr=0.01'),
+    "imagenet100-resnet50": (lambda d: write_imagenet100(d),
+                             'dataset="imagenet100" model="resnet50" image-size=32'),
+    "folder-user-model": (lambda d: write_folder(d, per_class=8, size=(28, 28)),
+                          'dataset="folder" model="user_nets:TinyNet"'),
+    "hub-cnn": (lambda d: _write_hub(d / "set"), 'model="cnn"'),
+}
+
+
+@pytest.mark.parametrize("name", DATA_RUNS)
+def test_each_dataset_and_model_runs_through_flwr_run(name, tmp_path, isolated_flwr):
+    """One FedGO round of each dataset (tiny files in its real format) with another model."""
+    env, results, data = isolated_flwr, tmp_path / "results", tmp_path / "data"
+    data.mkdir()
+    write, overrides = DATA_RUNS[name]
+    write(data)
+    if name == "hub-cnn":
+        overrides = f'dataset="hub:{data / "set"}" {overrides}'
+    (tmp_path / "user_nets.py").write_text(USER_NET)
+    env = {**env, "PYTHONPATH": f"{tmp_path}{os.pathsep}{env.get('PYTHONPATH', '')}"}
+    common = (f'data-dir="{data}" results-dir="{results}" run-name="real" strategy="fedgo" '
+              'num-server-rounds=1 fraction-train=0.7 local-epochs=1 server-epochs=1 '
+              'generator-steps=1 generator-width=8 discriminator-width=8 '
+              'discriminator-epochs=1 distill-size=0 test-size=0 partitioner="iid" ')
+    run = _flwr_run(env, tmp_path, common + overrides)
+    out = run.stdout + run.stderr
+    assert _status(env, tmp_path, out) == "finished:completed", out[-3000:]
+    record = json.loads((results / "real" / "record.json").read_text())
+    assert record["config"]["model"] in overrides
+    assert record["rounds"][1]["ensemble_test_acc"] >= 0
+
