@@ -3,6 +3,7 @@ as separate processes, with TLS (a CA and a server certificate made here) and Su
 authentication (one EC key pair per node, each public key registered with the SuperLink).
 
     fedgo-deploy up DIR [--nodes 3] [--port 9300] [--insecure] [--no-auth]
+                        [--node-data FOLDER ...]
     flwr run . local-deployment --stream           # FLWR_HOME=DIR/flwr-home, printed by `up`
     fedgo-deploy down DIR
 
@@ -131,9 +132,14 @@ def _connected_nodes(env: dict) -> int:
 
 
 def up(folder: Path, nodes: int = 3, port: int = 9300, secure: bool = True,
-       auth: bool = True, timeout: float = 120.0) -> dict:
+       auth: bool = True, timeout: float = 120.0,
+       node_data: list[Path] | None = None) -> dict:
     """Start a SuperLink and `nodes` SuperNodes (partition i of `nodes`) on 127.0.0.1;
-    returns the environment for `flwr` (FLWR_HOME) and the PIDs, also saved to pids.json."""
+    with `node_data`, SuperNode i trains on its own folder node_data[i] (its `dataset-path`)
+    instead of a partition. Returns the environment for `flwr` (FLWR_HOME) and the PIDs, also
+    saved to pids.json."""
+    if node_data is not None and len(node_data) != nodes:
+        raise ValueError(f"{len(node_data)} data folders for {nodes} SuperNodes")
     folder = Path(folder).resolve()
     folder.mkdir(parents=True, exist_ok=True)
     if auth and not secure:
@@ -143,14 +149,14 @@ def up(folder: Path, nodes: int = 3, port: int = 9300, secure: bool = True,
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     address = f"127.0.0.1:{port}"
     try:
-        return _start(folder, env, address, nodes, port, secure, auth, timeout)
+        return _start(folder, env, address, nodes, port, secure, auth, timeout, node_data)
     except BaseException:
         down(folder)  # nothing half-started is left behind
         raise
 
 
 def _start(folder: Path, env: dict, address: str, nodes: int, port: int, secure: bool,
-           auth: bool, timeout: float) -> dict:
+           auth: bool, timeout: float, node_data: list[Path] | None) -> dict:
     certs = make_certificates(folder / "certificates", ["127.0.0.1", "localhost"]) if secure else None
     write_connection(folder / "flwr-home", address, certs["ca"] if certs else None)
     tls = (["--ssl-ca-certfile", str(certs["ca"]), "--ssl-certfile", str(certs["cert"]),
@@ -173,7 +179,8 @@ def _start(folder: Path, env: dict, address: str, nodes: int, port: int, secure:
         pids["supernodes"].append(_spawn(
             [_bin("flower-supernode"), *node_tls, "--superlink", address,
              "--port", str(port + 1 + i),
-             "--node-config", f"partition-id={i} num-partitions={nodes}",
+             "--node-config", f"partition-id={i} num-partitions={nodes}" + (
+                 f' dataset-path="{Path(node_data[i]).resolve()}"' if node_data else ""),
              *(["--auth-supernode-private-key", str(private)] if auth else [])],
             folder / "logs" / f"supernode-{i}.log", env))
         _save(folder, pids)
@@ -238,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
                        help="the SuperLink's port; SuperNode i uses port + 1 + i")
     start.add_argument("--insecure", action="store_true", help="no TLS (and no node auth)")
     start.add_argument("--no-auth", action="store_true", help="TLS without node authentication")
+    start.add_argument("--node-data", type=Path, nargs="+", metavar="FOLDER",
+                       help="each SuperNode's own image folder (its dataset-path), one per node")
     stop = sub.add_parser("down", help="stop what `up` started")
     stop.add_argument("dir", type=Path, help="the folder given to `up`")
     args = parser.parse_args(argv)
@@ -246,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         info = up(args.dir, args.nodes, args.port, secure=not args.insecure,
-                  auth=not (args.insecure or args.no_auth))
+                  auth=not (args.insecure or args.no_auth), node_data=args.node_data)
     except (TimeoutError, subprocess.CalledProcessError, ValueError) as err:
         print(f"[deploy] failed, everything started was stopped: {err}")
         return 1

@@ -158,3 +158,36 @@ def test_an_unregistered_supernode_is_refused(tmp_path):
         assert deploy._connected_nodes(info["env"]) == 1  # only the registered node
     finally:
         deploy.down(folder)
+
+
+def test_sites_with_their_own_folders_run_fedgo_and_a_foreign_site_is_refused(tmp_path):
+    """Each of 3 SuperNodes trains on its own ImageFolder (different class mixes), the server
+    on its own U and test split; a fourth node whose classes differ is left out, named in the
+    log and the record."""
+    from test_sites import CLASSES, write_site
+    server = tmp_path / "server"
+    write_site(server / "train", dict.fromkeys(CLASSES, 8), seed=0)
+    write_site(server / "test", dict.fromkeys(CLASSES, 4), seed=1)
+    mixes = [{"cat": 12, "dog": 2, "owl": 0}, {"cat": 0, "dog": 10, "owl": 3},
+             {"cat": 3, "dog": 3, "owl": 9}, {"cat": 5, "dog": 5, "fox": 5}]
+    sites = [tmp_path / f"site{i}" for i in range(4)]
+    for i, (site, mix) in enumerate(zip(sites, mixes)):
+        write_site(site, mix, seed=10 + i)
+    folder = tmp_path / "deployment"
+    info = deploy.up(folder, nodes=4, port=_free_port_block(5), secure=False, auth=False,
+                     node_data=sites)
+    try:
+        results = tmp_path / "results"
+        out, status = _run_app(
+            info["env"], tmp_path,
+            f'dataset="folder" data-dir="{server}" results-dir="{results}" run-name="sites" '
+            f'fraction-train=1.0 join-timeout=60 {TINY.format(rounds=2)}')
+    finally:
+        deploy.down(folder)
+    assert status == "finished:completed", out[-3000:]
+    record = json.loads((results / "sites" / "record.json").read_text())
+    assert record["clients"]["num_examples"] == {"0": 14, "1": 13, "2": 15}
+    assert record["clients"]["refused"] == {
+        "3": "its classes [cat, dog, fox] are not the server's [cat, dog, owl]"}
+    assert [r["clients"] for r in record["rounds"][1:]] == [[0, 1, 2], [0, 1, 2]]
+    assert "is left out: its classes [cat, dog, fox] are not the server's" in out
