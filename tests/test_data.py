@@ -162,3 +162,10 @@ def test_random_crop_takes_a_window_of_the_padded_image():
     # no crop: the flip-only path draws the same numbers as before the crop existed
     a = augment(x, torch.Generator().manual_seed(3), flip=True, crop=0)
     assert torch.equal(a, random_hflip(x, torch.Generator().manual_seed(3)))
+
+
+def test_an_unknown_partitioner_names_the_allowed_ones(tiny_config):
+    from fedgo_flwr.keys import ConfigError
+    with pytest.raises(ConfigError, match="'partitioner' is 'natural'; allowed: dirichlet, "
+                                          "exponential, iid, linear, pathological, shard, square"):
+        tiny_config.replace(partitioner="natural").validate()

@@ -313,3 +313,28 @@ def test_when_every_client_trained_the_guard_asks_them(tiny_config, caplog):
         entry = _run(_guard_config(tiny_config).replace(fraction_train=1.0))[0]["rounds"][1]
     assert entry["guard"]["clients"] == entry["clients"] == [0, 1, 2, 3]
     assert "every client trained; the guard asks them instead" in caplog.text
+
+
+@pytest.mark.parametrize("strategy", ["fedgo", "feddf"])
+def test_a_users_model_by_import_path_runs_fedgo_and_feddf(tiny_config, tmp_path, monkeypatch,
+                                                           strategy):
+    (tmp_path / "my_model.py").write_text(
+        "from torch import nn\n\n"
+        "def Net(channels, num_classes, image_size):\n"
+        "    return nn.Sequential(nn.Flatten(), nn.Linear(channels * image_size ** 2, 32),\n"
+        "                         nn.ReLU(), nn.Linear(32, num_classes))\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = tiny_config.replace(model="my_model:Net", strategy=strategy, num_server_rounds=1)
+    record, _ = _run(cfg)
+    assert record["config"]["model"] == "my_model:Net"
+    assert np.isfinite(record["rounds"][1]["ensemble_test_acc"])
+    final = torch.load(cfg.results_path / "tiny" / "model.pt")
+    assert set(final) == {"1.weight", "1.bias", "3.weight", "3.bias"}  # the user's layers
+
+
+def test_a_bad_dataset_fails_before_anything_is_written(tiny_config, tmp_path):
+    (tmp_path / "images" / "train" / "cat").mkdir(parents=True)  # a class folder, no image
+    cfg = tiny_config.replace(dataset="folder", data_dir=str(tmp_path / "images"))
+    with pytest.raises(RuntimeError, match="every class needs a folder with at least one image"):
+        _run(cfg)
+    assert not cfg.results_path.exists() or not any(cfg.results_path.iterdir())
