@@ -265,6 +265,9 @@ def test_the_guard_asks_clients_that_did_not_train_and_scores_as_they_do(tiny_co
     better = "distilled" if guard["distilled_acc"] > guard["averaged_acc"] else "averaged"
     assert guard["kept"] == better
     assert record["bytes"]["guard_down"] == 2 * sum(a.count_bytes() for a in candidates.values())
+    # with the diagnostics on, the test split scores both: the kept one is the server's model
+    assert guard["test_acc"][guard["kept"]] == entry["server_test_acc"]
+    assert guard["test_acc"]["averaged"] == entry["diagnostics"]["averaged"]["acc"]
 
 
 @pytest.mark.parametrize("lie", ["averaged", "distilled"])

@@ -227,9 +227,12 @@ class EnsembleDistillation(FedAvgStrategy):
         acc = {name: sum(m["num-examples"] * m[f"{name}-acc"] for m in scored.values()) / n
                if n else float("nan") for name in content}
         kept = "averaged" if n and acc["averaged"] >= acc["distilled"] else "distilled"
-        self.record.round(server_round)["guard"] = {
+        entry = self.record.round(server_round)["guard"] = {
             "clients": pids, "scored": sorted(scored), "rejected": rejected,
             "averaged_acc": acc["averaged"], "distilled_acc": acc["distilled"], "kept": kept}
+        if self.cfg.diagnostics:  # what the test split says of the same choice
+            entry["test_acc"] = {name: self.test_metrics(state)[0] for name, state in
+                                 (("averaged", averaged), ("distilled", distilled))}
         self.record.time("guard", time.perf_counter() - start, server_round)
         if not n:
             log(WARNING, "round %d: no usable guard score; the distilled model is kept",
