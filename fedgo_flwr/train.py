@@ -67,15 +67,19 @@ def minibatch_descent(opt: torch.optim.Optimizer, n: int, *, epochs: int, batch_
 def train_classifier(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int,
                      batch_size: int, lr: float, flip: bool, seed: int, device: torch.device,
                      extra_loss: Callable[[nn.Module], torch.Tensor] | None = None,
-                     crop: int = 0, optimizer: str = "adam",
-                     momentum: float = 0.9) -> dict[str, float]:
+                     crop: int = 0, optimizer: str = "adam", momentum: float = 0.9,
+                     channels_last: bool = True) -> dict[str, float]:
     """Adam (or SGD, see classifier_optimizer) on cross-entropy for `epochs` passes over
-    (x, y); x is uint8 images, augmented (batches.augment) by `crop` and `flip`.
+    (x, y); x is uint8 images, augmented (batches.augment) by `crop` and `flip`. The model
+    trains in the channels-last memory format (1.3x the images/s of the CNN on one CPU thread,
+    the same result up to float noise: python -m fedgo_lab.throughput) and is handed back in
+    the contiguous one.
     `extra_loss(model)`, a strategy's term of the local objective (FedProx's proximal term),
     is added to every minibatch's loss."""
     start = time.perf_counter()
     gen = torch.Generator().manual_seed(seed)
-    model.to(device).train()
+    model.to(device, memory_format=torch.channels_last if channels_last
+             else torch.contiguous_format).train()
     opt = classifier_optimizer(model.parameters(), lr, optimizer, momentum)
 
     def batch_loss(idx: torch.Tensor) -> torch.Tensor:
@@ -85,6 +89,7 @@ def train_classifier(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epoc
 
     loss = minibatch_descent(opt, len(y), epochs=epochs, batch_size=batch_size, gen=gen,
                              batch_loss=batch_loss)
+    model.to(memory_format=torch.contiguous_format)
     return {"train-loss": loss, "train-seconds": time.perf_counter() - start}
 
 
