@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from fedgo_flwr.data import DATASETS, PARTITIONERS, dataset_name_problem
-from fedgo_flwr.distill import ENSEMBLE_SPACES, GUARDS
+from fedgo_flwr.distill import DISTILL_SETS, ENSEMBLE_SPACES, GUARDS
 from fedgo_flwr.gan import CALIBRATIONS, NEGATIVES
+from fedgo_flwr.generators import GENERATOR_SOURCES
 from fedgo_flwr.keys import (AT_LEAST_ONE, FRACTION, NON_NEGATIVE, POSITIVE, Allowed,
                              ConfigError, Declared, OneOf, check, check_fields, choice, coerce,
                              declared, key)
@@ -161,6 +162,16 @@ class Config:
                                 "this share of the ensemble's weight everywhere (the clients "
                                 "share the rest by the rule); 0 = the paper; not in the paper",
                                 Allowed("in [0, 1)", lambda v: 0 <= v < 1), ("distillation",))
+    distill_set: str = key("server-data", "what the server distils on: server-data (U, the "
+                           "paper's main tables) or generated (distill-size images drawn from G "
+                           "once after the pre-FL stage, FedGO's Table 2 D2); every ensemble "
+                           "strategy distils on the same set", OneOf(DISTILL_SETS),
+                           ("distillation",))
+    generator_source: str = key("train-on-u", "where G comes from: train-on-u (WGAN-GP on U, the "
+                                "paper's G1) or load (generator-file, an off-the-shelf G: G2)",
+                                OneOf(GENERATOR_SOURCES), ("distillation",))
+    generator_file: str = key("", "the generator file of generator-source = load (python -m "
+                              "fedgo_lab.export_generator writes one)", groups=("distillation",))
     distillation_guard: str = key(
         "none", "none (the papers) or clients: after distilling, as many clients as trained, "
         "drawn from those that did not train this round, score the averaged and the distilled "
@@ -287,8 +298,21 @@ class Config:
         default = os.environ.get("FEDGO_RESULTS_DIR") or "~/fedgo-flwr-results"
         return Path(self.results_dir or default).expanduser().resolve()
 
+    @property
+    def reads_server_data(self) -> bool:
+        """Whether the server opens its unlabeled set U: not when it distils on a generated set
+        from a generator it did not train on U (FedGO's S2 rows)."""
+        return (self.distill_set == "server-data" or self.generator_source == "train-on-u"
+                or self.discriminator_negatives == "server-sample")
+
     def validate(self) -> None:
         check_fields(self)
+        if self.generator_source == "load" and not self.generator_file:
+            raise ConfigError("run-config key 'generator-source' is 'load' and "
+                              "'generator-file' is empty: name the generator file")
+        if self.distill_set == "generated" and self.distill_size == 0:
+            raise ConfigError("run-config key 'distill-set' is 'generated' and 'distill-size' "
+                              "is 0 (all of U): say how many images to draw from G")
         if self.discriminator_calibration != "none" and self.weighting == "odds-unsquashed":
             raise ConfigError("run-config key 'weighting' is 'odds-unsquashed', which recovers "
                               "D_k's logit from the paper's capped odds; with "

@@ -19,6 +19,8 @@ from fedgo_flwr.train import classifier_optimizer, descend, evaluate
 # Where the weights mix the clients: Algorithm 2 weights logits; Theorem 3.4's ensemble
 # sum_k w_k h_k mixes the clients' predicted probabilities.
 ENSEMBLE_SPACES = ("logits", "probabilities")
+# What the server distils on: its unlabeled data U, or images drawn from the generator G.
+DISTILL_SETS = ("server-data", "generated")
 # Who decides whether the distilled model replaces the averaged one: nobody (the papers) or
 # clients that did not train this round, on their own labelled data.
 GUARDS = ("none", "clients")

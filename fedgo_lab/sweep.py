@@ -38,8 +38,8 @@ from fedgo_flwr.models import Critic, create_classifier
 from fedgo_flwr.seeds import client_seed, round_seed
 from fedgo_flwr.server.clients import sample_partitions
 from fedgo_flwr.strategies.base import ClientModel, weighted_average
-from fedgo_flwr.strategies.fedgo import (hold_out, new_local_discriminator, new_generator,
-                                         server_sample)
+from fedgo_flwr.generators import new_generator
+from fedgo_flwr.strategies.fedgo import hold_out, new_local_discriminator, server_sample
 from fedgo_flwr.train import evaluate, predict_logits, resolve_device, train_classifier
 from fedgo_flwr.weighting import odds_weights
 
@@ -62,7 +62,7 @@ def generators(cfg: Config, u: torch.Tensor, steps: list[int], device) -> dict[i
     root = cfg.results_path / "generators"
     out: dict[int, dict] = {}
     for s in steps:
-        torch.manual_seed(cfg.seed)  # as FedGO.obtain_generator initialises G
+        torch.manual_seed(cfg.seed)  # as generators.train_on_u initialises G
         g = new_generator(cfg, image_shape)
         if s == 0 or load_generator(root, generator_description(
                 cfg, u, device, generator_steps=s), g) is not None:

@@ -73,9 +73,10 @@ torch.set_num_threads(1)
 TIERS = {
     "unit": {"test_config", "test_data", "test_distill", "test_generator_cache", "test_models",
              "test_weighting", "test_toy", "test_results", "test_bench", "test_packaging",
-             "test_teachers", "test_gan"},
+             "test_teachers", "test_gan", "test_generators"},
     "app": {"test_server", "test_strategies", "test_feddf", "test_resilience",
-            "test_client_app", "test_diagnostics", "test_sites"},
+            "test_client_app", "test_diagnostics", "test_sites",
+            "test_data_free"},
     "e2e": {"test_flwr_run", "test_deploy"},
 }
 

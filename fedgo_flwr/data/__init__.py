@@ -169,7 +169,10 @@ def server_data(cfg) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(U images, test images, test labels); labels of U are never handed out. U is the
     server's half of `server-dataset` when that is set, else of `dataset`."""
     data, source = dataset(cfg), server_source(cfg)
-    u = dataset(source).train_x[torch.from_numpy(distillation_indices(source))]
+    if cfg.reads_server_data:
+        u = dataset(source).train_x[torch.from_numpy(distillation_indices(source))]
+    else:  # a data-free run (FedGO's S2): U is never opened
+        u = torch.empty((0, *data.image_shape), dtype=torch.uint8)
     if u.shape[1:] != data.image_shape:
         raise ConfigError(
             f"run-config key 'server-dataset' is {cfg.server_dataset!r}, whose images are "

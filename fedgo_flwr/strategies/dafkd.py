@@ -31,6 +31,7 @@ from torch import nn
 
 from fedgo_flwr.batches import augment, to_unit_range
 from fedgo_flwr.client_context import Local, config_of, reply
+from fedgo_flwr.generators import draw_images
 from fedgo_flwr.keys import NON_NEGATIVE, key
 from fedgo_flwr.models import Generator, generator_fits
 from fedgo_flwr.seeds import client_seed, round_seed
@@ -57,11 +58,6 @@ class DaFKDKeys:
 def discriminator_head(latent_dim: int) -> nn.Module:
     """D_k's head on the classifier's latent layer: one logit, D_k(x) = sigmoid(logit)."""
     return nn.Linear(latent_dim, 1)
-
-
-def to_images(x: torch.Tensor) -> torch.Tensor:
-    """Generator output in [-1, 1] as uint8 images, the form U has."""
-    return ((x.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
 
 
 def train_domain_aware(model: nn.Module, head: nn.Module, generator: Generator,
@@ -113,6 +109,7 @@ def train_domain_aware(model: nn.Module, head: nn.Module, generator: Generator,
 
 # ---------------------------------------------------------------------------- server side
 class DaFKD(EnsembleDistillation):
+    draws_distillation_set = False  # its own, from its collaboratively trained G, every round
     has_discriminators = True
     carried = ("generator", "head")  # the global G and D head; the rest is made each round
 
@@ -162,19 +159,10 @@ class DaFKD(EnsembleDistillation):
         self.head.load_state_dict(self.average(models, HEAD, self.head))
         if self.trains_generator(server_round):
             self.generator.load_state_dict(self.average(models, GENERATOR, self.generator))
-        self.u = self.generate(round_seed(self.cfg.seed, server_round))
+        # the round's distillation set: |U| images of the global G
+        self.u = draw_images(self.generator, self.size, round_seed(self.cfg.seed, server_round),
+                             self.setup.device)
         return super().server_update(server_round, averaged, models)
-
-    @torch.no_grad()
-    def generate(self, seed: int) -> torch.Tensor:
-        """The round's distillation set: |U| images of the global G, as uint8."""
-        gen, dev = torch.Generator().manual_seed(seed), self.setup.device
-        self.generator.to(dev).eval()
-        parts = [to_images(self.generator(torch.randn(len(idx), self.cfg.latent_dim,
-                                                      generator=gen).to(dev)).cpu())
-                 for idx in torch.arange(self.size).split(512)]
-        self.generator.cpu()
-        return torch.cat(parts)
 
     @staticmethod
     def average(models: list[ClientModel], key: str, net: nn.Module) -> dict:

@@ -24,6 +24,8 @@ from flwr.common.logger import log
 from fedgo_flwr.diagnostics import ensemble_diagnostics
 from fedgo_flwr.distill import (cosine_lr, distill, draw_batches, ensemble_log_probs,
                                 view_pseudo_labels)
+from fedgo_flwr.generators import draw_images, obtain_generator
+from fedgo_flwr.models import Generator
 from fedgo_flwr.seeds import round_seed
 from fedgo_flwr.server.record import RunRecord
 from fedgo_flwr.server.replies import payload_bytes, scores_problem
@@ -42,12 +44,31 @@ MARKS = (("ensemble-space", "logits", "probabilities"), ("distill-schedule", "co
 class EnsembleDistillation(FedAvgStrategy):
     has_ensemble = True
     has_discriminators = False
+    draws_distillation_set = True  # DaFKD draws its own from its own G every round
 
     def __init__(self, setup: ServerSetup, record: RunRecord, weighting: WeightRule | None):
         super().__init__(setup, record)
         self.weighting = weighting
         self.views = 2 if self.cfg.flip else 1  # U as is, and mirrored
         self.u = setup.u  # the distillation set (DaFKD generates a new one every round)
+        self._generator: Generator | None = None
+
+    # --- the generator and the distillation set (FedGO's Table 2)
+    def generator(self) -> Generator:
+        """G from `generator-source`, obtained once per run."""
+        if self._generator is None:
+            self._generator = obtain_generator(self.cfg, self.setup, self.record)
+        return self._generator
+
+    def prepare(self, grid) -> None:
+        """The pre-FL stage: the clients, and with `distill-set = generated` the distillation
+        set, `distill-size` images drawn from G once (seeded)."""
+        super().prepare(grid)
+        if self.cfg.distill_set == "generated" and self.draws_distillation_set:
+            self.u = draw_images(self.generator(), self.cfg.distill_size, self.cfg.seed,
+                                 self.setup.device)
+            self.record.data["pre_fl"]["distillation_set"] = {"generated": len(self.u)}
+            log(INFO, "pre-FL: distillation set of %d images drawn from G", len(self.u))
 
     # --- what a strategy with discriminators provides
     def u_log_odds(self, models: list[ClientModel], view: int) -> torch.Tensor:

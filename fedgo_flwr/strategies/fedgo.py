@@ -21,9 +21,8 @@ from flwr.serverapp import Grid
 from fedgo_flwr.client_context import Local, config_of, reply
 from fedgo_flwr.diagnostics import phi_stats
 from fedgo_flwr.gan import (calibrate_discriminator, generator_negatives, image_negatives,
-                            log_odds, train_discriminator, train_wgan_gp)
-from fedgo_flwr.generator_cache import generator_description, load_generator, save_generator
-from fedgo_flwr.models import Critic, Discriminator, Generator, generator_fits
+                            log_odds, train_discriminator)
+from fedgo_flwr.models import Discriminator, Generator, generator_fits
 from fedgo_flwr.seeds import client_seed
 from fedgo_flwr.server.clients import config_record
 from fedgo_flwr.server.record import RunRecord
@@ -44,11 +43,6 @@ def server_sample(u: torch.Tensor, size: int, seed: int) -> torch.Tensor:
     return u[order[:size]].clone()
 
 
-def new_generator(cfg, image_shape) -> Generator:
-    c, h, _ = image_shape
-    return Generator(cfg.latent_dim, c, h, cfg.generator_width)
-
-
 def new_discriminator(cfg, image_shape) -> Discriminator:
     c, h, _ = image_shape
     return Discriminator(c, h, cfg.discriminator_width)
@@ -67,7 +61,7 @@ class FedGO(EnsembleDistillation):
         self.cached_u_log_odds = torch.empty(0)  # [K, V, |U|]
         self.cached_test_log_odds = torch.empty(0)  # [K, |test|]
         self.calibrated = cfg.calibrated_odds
-        if cfg.discriminator_negatives == "generator":
+        if cfg.discriminator_negatives == "generator" and cfg.generator_source == "train-on-u":
             generator_fits(setup.image_shape[1], cfg.dataset)
 
     # ------------------------------------------------------------------ pre-FL stage
@@ -84,41 +78,7 @@ class FedGO(EnsembleDistillation):
             self.record.data["pre_fl"]["server_sample"] = len(sample)
             log(INFO, "pre-FL: %d images of U stand in for G", len(sample))
             return SERVER_SAMPLE, ArrayRecord({"images": sample})
-        return "generator", ArrayRecord(self.obtain_generator().state_dict())
-
-    def obtain_generator(self) -> Generator:
-        """(G1): WGAN-GP on the server's unlabeled data; 0 steps = randomly initialised G.
-        A generator trained before on the same U with the same settings and seed is reused
-        from <results-dir>/generators (`generator-cache`)."""
-        cfg, u, dev = self.cfg, self.setup.u, self.setup.device
-        torch.manual_seed(cfg.seed)
-        generator = new_generator(cfg, self.setup.image_shape)
-        cache = cfg.generator_cache and cfg.generator_steps > 0
-        description = generator_description(cfg, u, dev)
-        root = cfg.results_path / "generators"
-        info = load_generator(root, description, generator) if cache else None
-        if info is not None:
-            log(INFO, "pre-FL: reusing the generator trained for %d steps (%s)",
-                cfg.generator_steps, root)
-            self.record.data["pre_fl"]["generator"] = {**info, "reused": True}
-            return generator.cpu().eval()
-        c, h, _ = self.setup.image_shape
-        every = max(1, cfg.generator_steps // 10)
-
-        def progress(step: int, w_dist: float, g_loss: float) -> None:
-            if step % every == 0 or step == cfg.generator_steps:
-                log(INFO, "pre-FL: generator step %d/%d | Wasserstein estimate %.3f",
-                    step, cfg.generator_steps, w_dist)
-
-        info = train_wgan_gp(generator, Critic(c, h, cfg.generator_width), u,
-                             steps=cfg.generator_steps, critic_steps=cfg.critic_steps,
-                             gp_weight=cfg.gp_weight, lr=cfg.gan_lr, batch_size=cfg.gan_batch_size,
-                             flip=cfg.flip, seed=cfg.seed, device=dev, progress=progress)
-        self.record.time("generator_training", info.pop("seconds"))
-        if cache:
-            save_generator(root, description, generator, info)
-        self.record.data["pre_fl"]["generator"] = {**info, "reused": False}
-        return generator.cpu().eval()
+        return "generator", ArrayRecord(self.generator().state_dict())
 
     def collect_discriminators(self, grid: Grid, negatives: tuple[str, ArrayRecord]
                                ) -> dict[int, tuple[Discriminator, Calibration | None]]:
@@ -126,10 +86,13 @@ class FedGO(EnsembleDistillation):
         Algorithm 3 (and its calibration)."""
         cfg = self.cfg
         kind, arrays = negatives
+        # G's own shape: a loaded generator need not have the run's latent-dim and width
+        g = self.generator() if kind == "generator" else None
         config = config_record(discriminator_epochs=cfg.discriminator_epochs,
                                discriminator_lr=cfg.discriminator_lr,
                                batch_size=cfg.gan_batch_size, flip=cfg.flip, seed=cfg.seed,
-                               latent_dim=cfg.latent_dim, generator_width=cfg.generator_width,
+                               latent_dim=g.latent_dim if g else cfg.latent_dim,
+                               generator_width=g.dim if g else cfg.generator_width,
                                discriminator_width=cfg.discriminator_width,
                                calibration_fraction=cfg.calibration_fraction
                                if self.calibrated else 0.0)
@@ -183,9 +146,10 @@ class FedGO(EnsembleDistillation):
 
     def cache_odds(self, discriminators: dict[int, tuple[Discriminator, Calibration | None]]
                    ) -> None:
-        """log Phi_k on every view of U and on the test split, once: D_k never changes."""
+        """log Phi_k on every view of the distillation set (U, or the set drawn from G) and
+        on the test split, once: D_k never changes."""
         start = time.perf_counter()
-        dev, u = self.setup.device, self.setup.u
+        dev, u = self.setup.device, self.u
         self.row = {p: i for i, p in enumerate(sorted(discriminators))}
         on_u, on_test = [], []
         for p in self.row:

@@ -1,0 +1,70 @@
+"""Data-free runs (FedGO's Table 2, S2): a loaded generator (G2) and a distillation set drawn
+from it (D2); the server never opens its unlabeled data."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import fedgo_flwr.data as data
+from client_app.app import app as client_app
+from fedgo_flwr.generators import draw_images, save_generator_file
+from fedgo_flwr.models import Generator
+from fedgo_lab.inprocess import InProcessGrid
+from server_app.app import run
+
+
+def _run(cfg):
+    grid = InProcessGrid(client_app, cfg.to_run_config(), 4)
+    return json.loads(run(grid, cfg).read_text())
+
+
+@pytest.fixture
+def generator_file(tmp_path):
+    torch.manual_seed(5)
+    g = Generator(16, 1, 28, dim=8).eval()
+    return save_generator_file(tmp_path / "g.pt", g, channels=1), g
+
+
+@pytest.mark.parametrize("strategy", ["fedgo", "feddf"])
+def test_a_loaded_generator_and_a_generated_set_need_no_server_data(
+        tiny_config, generator_file, monkeypatch, strategy):
+    path, g = generator_file
+
+    def no_server_data(cfg):
+        raise AssertionError("the server opened U")
+
+    monkeypatch.setattr(data, "distillation_indices", no_server_data)
+    # the file's G has latent 16 and width 8, not the run's 128 and 8: clients get G's own
+    cfg = tiny_config.replace(strategy=strategy, generator_source="load",
+                              generator_file=str(path), distill_set="generated",
+                              distill_size=40, num_server_rounds=1)
+    assert not cfg.reads_server_data
+    record = _run(cfg)
+    assert record["pre_fl"]["distillation_set"] == {"generated": 40}
+    assert record["pre_fl"]["generator"] == {"source": "load", "file": str(path)}
+    assert np.isfinite(record["rounds"][1]["server_test_acc"])
+    assert record["rounds"][1]["distill_steps"] == 1  # 40 images, batch 64
+
+
+def test_fedgo_and_feddf_distil_on_the_same_generated_set(tiny_config, generator_file):
+    """The set is drawn once, seeded, from G: the same images for every strategy."""
+    path, g = generator_file
+    expected = draw_images(g, 40, seed=tiny_config.seed, device=torch.device("cpu"))
+    from fedgo_flwr.strategies import STRATEGIES
+    seen = {}
+    for strategy in ("fedgo", "feddf"):
+        cfg = tiny_config.replace(strategy=strategy, generator_source="load",
+                                  generator_file=str(path), distill_set="generated",
+                                  distill_size=40, num_server_rounds=1, run_name=strategy)
+        grid = InProcessGrid(client_app, cfg.to_run_config(), 4)
+        u, test_x, test_y = data.server_data(cfg)
+        from fedgo_flwr.server.record import RunRecord
+        from fedgo_flwr.strategies.base import ServerSetup
+        strategy_ = STRATEGIES.server(ServerSetup(cfg, u, test_x, test_y, 10,
+                                                  torch.device("cpu")),
+                                      RunRecord(cfg.to_run_config(), cfg.run_name))
+        strategy_.prepare(grid)
+        seen[strategy] = strategy_.u
+    assert torch.equal(seen["fedgo"], expected) and torch.equal(seen["feddf"], expected)
