@@ -168,8 +168,13 @@ class Config:
                            "strategy distils on the same set", OneOf(DISTILL_SETS),
                            ("distillation",))
     generator_source: str = key("train-on-u", "where G comes from: train-on-u (WGAN-GP on U, the "
-                                "paper's G1) or load (generator-file, an off-the-shelf G: G2)",
+                                "paper's G1), load (generator-file, an off-the-shelf G: G2) or "
+                                "fedgan (trained by the clients, FedGAN: G3)",
                                 OneOf(GENERATOR_SOURCES), ("distillation",))
+    fedgan_rounds: int = key(5, "FedGAN rounds of generator-source = fedgan (the paper: 5)",
+                             AT_LEAST_ONE, ("distillation",))
+    fedgan_epochs: int = key(3, "local epochs of G and its critic in each FedGAN round (the "
+                             "paper: 3)", AT_LEAST_ONE, ("distillation",))
     generator_file: str = key("", "the generator file of generator-source = load (python -m "
                               "fedgo_lab.export_generator writes one)", groups=("distillation",))
     distillation_guard: str = key(

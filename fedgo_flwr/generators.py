@@ -5,6 +5,8 @@
                 <results-dir>/generators (`generator-cache`).
     load        (G2) an off-the-shelf generator from `generator-file`, in the portable format
                 below (`python -m fedgo_lab.export_generator` writes one from any trained G).
+    fedgan      (G3) trained by the clients with FedGAN, a pre-FL stage with messages
+                (fedgo_flwr/strategies/fedgan.py).
 
 A generator file is a torch file holding a dict: format (FORMAT), architecture (a key of
 ARCHITECTURES), arguments (its constructor's keyword arguments), image_shape [C, H, W],
@@ -25,7 +27,7 @@ from fedgo_flwr.generator_cache import generator_description, load_generator, sa
 from fedgo_flwr.keys import ConfigError
 from fedgo_flwr.models import Critic, Generator
 
-GENERATOR_SOURCES = ("train-on-u", "load")
+GENERATOR_SOURCES = ("train-on-u", "load", "fedgan")  # fedgan: strategies/fedgan.py
 FORMAT = "fedgo-generator/1"
 ARCHITECTURES = {"wgan-gp": Generator}  # name -> class, called with the file's arguments
 VALUE_RANGE = [-1.0, 1.0]  # what the classifiers and discriminators take (App. E.2)

@@ -68,3 +68,40 @@ def test_fedgo_and_feddf_distil_on_the_same_generated_set(tiny_config, generator
         strategy_.prepare(grid)
         seen[strategy] = strategy_.u
     assert torch.equal(seen["fedgo"], expected) and torch.equal(seen["feddf"], expected)
+
+
+def test_fedgan_averages_the_clients_generators_and_critics_by_n_k(tiny_config, monkeypatch):
+    """Each FedGAN reply's G and critic replaced by constants (its partition id + 1): the G
+    FedGO then sends for the discriminators is their n_k-weighted mean, and the run needed no
+    server data (S2-G3-D2)."""
+    def tamper(reply):
+        arrays = reply.content.array_records
+        if "critic" in arrays:
+            value = float(reply.metadata.src_node_id - 1000) / 17 + 1  # partition id + 1
+            for key in ("generator", "critic"):
+                state = {k: (torch.full_like(v, value) if v.is_floating_point() else v)
+                         for k, v in arrays[key].to_torch_state_dict().items()}
+                arrays[key] = type(arrays[key])(state)
+        return reply
+
+    monkeypatch.setattr(data, "distillation_indices",
+                        lambda cfg: (_ for _ in ()).throw(AssertionError("U opened")))
+    cfg = tiny_config.replace(generator_source="fedgan", fedgan_rounds=1, fedgan_epochs=1,
+                              distill_set="generated", distill_size=40, fraction_train=1.0,
+                              num_server_rounds=1)
+    grid = InProcessGrid(client_app, cfg.to_run_config(), 4, tamper=tamper)
+    record = json.loads(run(grid, cfg).read_text())
+    n = {int(p): k for p, k in record["clients"]["num_examples"].items()}
+    expected = sum(n[p] * (p + 1) for p in n) / sum(n.values())
+    sent = next(m for m in grid.sent if m.metadata.message_type == "train.discriminator")
+    g = sent.content.array_records["generator"].to_torch_state_dict()
+    torch.testing.assert_close(g["out.weight"], torch.full_like(g["out.weight"], expected))
+    stage = record["pre_fl"]["generator"]
+    assert stage["source"] == "fedgan" and stage["rounds"] == [
+        {"clients": [0, 1, 2, 3], "usable": [0, 1, 2, 3]}]
+    assert stage["client_seconds"] > 0 and record["bytes"]["pre_fl_up"] > 0
+    assert types_of(grid).count("train.fedgan") == 4
+
+
+def types_of(grid):
+    return [m.metadata.message_type for m in grid.sent]

@@ -29,8 +29,9 @@ from fedgo_flwr.models import Generator
 from fedgo_flwr.seeds import round_seed
 from fedgo_flwr.server.record import RunRecord
 from fedgo_flwr.server.replies import payload_bytes, scores_problem
-from fedgo_flwr.strategies.base import (EVALUATE_CANDIDATES, ClientModel, FedAvgStrategy,
-                                        ServerSetup)
+from fedgo_flwr.strategies.base import (CLIENT, EVALUATE_CANDIDATES, ClientModel,
+                                        FedAvgStrategy, ServerSetup)
+from fedgo_flwr.strategies.fedgan import TRAIN_FEDGAN, fedgan_generator, fedgan_update
 from fedgo_flwr.teachers import teacher_logits
 from fedgo_flwr.train import accuracy_and_loss
 from fedgo_flwr.weighting import WeightRule, with_averaged_member
@@ -40,6 +41,10 @@ from fedgo_flwr.weighting import WeightRule, with_averaged_member
 READS = ("distillation",)
 MARKS = (("ensemble-space", "logits", "probabilities"), ("distill-schedule", "cosine", "{} lr"),
          ("averaged-share", 0.0, "averaged {:g}"), ("distillation-guard", "none", "{} guard"))
+
+# Every ensemble strategy's clients: FedAvg's, and FedGAN's local step (a generator source).
+ENSEMBLE_CLIENT = {**CLIENT, TRAIN_FEDGAN: fedgan_update}
+
 
 class EnsembleDistillation(FedAvgStrategy):
     has_ensemble = True
@@ -52,18 +57,23 @@ class EnsembleDistillation(FedAvgStrategy):
         self.views = 2 if self.cfg.flip else 1  # U as is, and mirrored
         self.u = setup.u  # the distillation set (DaFKD generates a new one every round)
         self._generator: Generator | None = None
+        self._grid = None  # the pre-FL stage's, for a generator the clients train (FedGAN)
 
     # --- the generator and the distillation set (FedGO's Table 2)
     def generator(self) -> Generator:
-        """G from `generator-source`, obtained once per run."""
+        """G from `generator-source`, obtained once per run (FedGAN's during the pre-FL
+        stage, with the clients)."""
         if self._generator is None:
-            self._generator = obtain_generator(self.cfg, self.setup, self.record)
+            self._generator = (fedgan_generator(self, self._grid)
+                               if self.cfg.generator_source == "fedgan"
+                               else obtain_generator(self.cfg, self.setup, self.record))
         return self._generator
 
     def prepare(self, grid) -> None:
         """The pre-FL stage: the clients, and with `distill-set = generated` the distillation
         set, `distill-size` images drawn from G once (seeded)."""
         super().prepare(grid)
+        self._grid = grid
         if self.cfg.distill_set == "generated" and self.draws_distillation_set:
             self.u = draw_images(self.generator(), self.cfg.distill_size, self.cfg.seed,
                                  self.setup.device)

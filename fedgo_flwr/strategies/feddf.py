@@ -21,8 +21,8 @@ from flwr.common.logger import log
 from fedgo_flwr.distill import distill_early_stopping
 from fedgo_flwr.keys import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, check, key
 from fedgo_flwr.server.record import RunRecord
-from fedgo_flwr.strategies.base import CLIENT, ServerSetup
-from fedgo_flwr.strategies.ensemble import MARKS, READS, EnsembleDistillation
+from fedgo_flwr.strategies.base import ServerSetup
+from fedgo_flwr.strategies.ensemble import ENSEMBLE_CLIENT, MARKS, READS, EnsembleDistillation
 from fedgo_flwr.strategies.registry import StrategySpec
 from fedgo_flwr.weighting import uniform_weights
 
@@ -87,5 +87,5 @@ def row_name(config) -> str:
     return "feddf-published" + (" (labelled val)" if config.get("val-size") else "")
 
 
-FEDDF = StrategySpec("feddf", FedDF, CLIENT, keys=FedDFKeys, reads=READS, marks=MARKS,
+FEDDF = StrategySpec("feddf", FedDF, ENSEMBLE_CLIENT, keys=FedDFKeys, reads=READS, marks=MARKS,
                      row_name=row_name)

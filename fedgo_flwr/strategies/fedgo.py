@@ -27,8 +27,8 @@ from fedgo_flwr.seeds import client_seed
 from fedgo_flwr.server.clients import config_record
 from fedgo_flwr.server.record import RunRecord
 from fedgo_flwr.server.replies import payload_bytes
-from fedgo_flwr.strategies.base import CLIENT, ClientModel, ServerSetup
-from fedgo_flwr.strategies.ensemble import MARKS, READS, EnsembleDistillation
+from fedgo_flwr.strategies.base import ClientModel, ServerSetup
+from fedgo_flwr.strategies.ensemble import ENSEMBLE_CLIENT, MARKS, READS, EnsembleDistillation
 from fedgo_flwr.strategies.registry import StrategySpec
 from fedgo_flwr.weighting import NEEDS_LABEL_COUNTS, WeightRule, weighting_rule
 
@@ -249,7 +249,7 @@ def hold_out(x: torch.Tensor, fraction: float, seed: int) -> tuple[torch.Tensor,
     return x[order[held:]], x[order[:held]]
 
 
-FEDGO = StrategySpec("fedgo", FedGO, {**CLIENT, TRAIN_DISCRIMINATOR: discriminator_update},
+FEDGO = StrategySpec("fedgo", FedGO, {**ENSEMBLE_CLIENT, TRAIN_DISCRIMINATOR: discriminator_update},
                      reads=(*READS, "weighting", "generator", "pre-fl"),
                      marks=(("weighting", "odds", "{}"), ("odds-beta", 1.0, "beta={:g}"),
                             ("discriminator-negatives", "generator", "D vs {}"),
