@@ -182,5 +182,6 @@ def test_shipped_plans_and_presets_are_valid(tmp_path):
         assert cells_of(load_plan(plan), tmp_path, REPO), plan
     presets = sorted((REPO / "conf").rglob("*.toml"))
     assert len([p for p in presets if p.parent.name == "paper"]) == 7
+    assert len([p for p in presets if p.parent.name == "table2"]) == 4
     for preset in presets:
         Config.from_run_config(tomllib.loads(preset.read_text()))
