@@ -11,6 +11,9 @@ import fedgo_flwr.data as data
 from client_app.app import app as client_app
 from fedgo_flwr.generators import draw_images, save_generator_file
 from fedgo_flwr.models import Generator
+from fedgo_flwr.server.record import RunRecord
+from fedgo_flwr.strategies import STRATEGIES
+from fedgo_flwr.strategies.base import ServerSetup
 from fedgo_lab.inprocess import InProcessGrid
 from server_app.app import run
 
@@ -52,7 +55,6 @@ def test_fedgo_and_feddf_distil_on_the_same_generated_set(tiny_config, generator
     """The set is drawn once, seeded, from G: the same images for every strategy."""
     path, g = generator_file
     expected = draw_images(g, 40, seed=tiny_config.seed, device=torch.device("cpu"))
-    from fedgo_flwr.strategies import STRATEGIES
     seen = {}
     for strategy in ("fedgo", "feddf"):
         cfg = tiny_config.replace(strategy=strategy, generator_source="load",
@@ -60,14 +62,19 @@ def test_fedgo_and_feddf_distil_on_the_same_generated_set(tiny_config, generator
                                   distill_size=40, num_server_rounds=1, run_name=strategy)
         grid = InProcessGrid(client_app, cfg.to_run_config(), 4)
         u, test_x, test_y = data.server_data(cfg)
-        from fedgo_flwr.server.record import RunRecord
-        from fedgo_flwr.strategies.base import ServerSetup
         strategy_ = STRATEGIES.server(ServerSetup(cfg, u, test_x, test_y, 10,
                                                   torch.device("cpu")),
                                       RunRecord(cfg.to_run_config(), cfg.run_name))
         strategy_.prepare(grid)
         seen[strategy] = strategy_.u
     assert torch.equal(seen["fedgo"], expected) and torch.equal(seen["feddf"], expected)
+    # the set is checkpointed: a resumed run (no pre-FL stage) distils on the same images
+    assert torch.equal(strategy_.state_dict()["distillation_set"], expected)
+    resumed = STRATEGIES.server(ServerSetup(cfg, u, test_x, test_y, 10, torch.device("cpu")),
+                                RunRecord(cfg.to_run_config(), "resumed"))
+    assert len(resumed.u) == 0  # the server holds no data of its own
+    resumed.load_state_dict(strategy_.state_dict())
+    assert torch.equal(resumed.u, expected)
 
 
 def test_fedgan_averages_the_clients_generators_and_critics_by_n_k(tiny_config, monkeypatch):

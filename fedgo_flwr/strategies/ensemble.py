@@ -80,6 +80,19 @@ class EnsembleDistillation(FedAvgStrategy):
             self.record.data["pre_fl"]["distillation_set"] = {"generated": len(self.u)}
             log(INFO, "pre-FL: distillation set of %d images drawn from G", len(self.u))
 
+    # A generated distillation set goes into the checkpoints: a resumed run skips the pre-FL
+    # stage that drew it.
+    def state_dict(self) -> dict:
+        state = super().state_dict()
+        if self.cfg.distill_set == "generated" and self.draws_distillation_set:
+            state["distillation_set"] = self.u
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        if "distillation_set" in state:
+            self.u = state["distillation_set"]
+
     # --- what a strategy with discriminators provides
     def u_log_odds(self, models: list[ClientModel], view: int) -> torch.Tensor:
         """log Phi_k on view `view` of U, [K, |U|]; rules without discriminators ignore it."""
