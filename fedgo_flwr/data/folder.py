@@ -14,6 +14,15 @@ from torchvision.datasets import ImageFolder
 LAYOUT = "<data-dir>/train/<class>/<image> and <data-dir>/test/<class>/<image>"
 
 
+def rgb_pixels(img: Image.Image, image_size: int) -> np.ndarray:
+    """A PIL image as uint8 [H, W, 3] (a writable copy), resized (bilinear) to image_size x
+    image_size when that is set: how every image-file dataset reads its images."""
+    img = img.convert("RGB")
+    if image_size:
+        img = img.resize((image_size, image_size), Image.Resampling.BILINEAR)
+    return np.array(img, dtype=np.uint8)
+
+
 def read_split(folder: Path, image_size: int, dataset: str = "folder", layout: str = LAYOUT,
                allow_empty: bool = False) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
     """Images uint8 [N, 3, H, W], labels and class names of one ImageFolder tree (`dataset`
@@ -32,10 +41,7 @@ def read_split(folder: Path, image_size: int, dataset: str = "folder", layout: s
     for path, _ in tree.samples:
         try:
             with Image.open(path) as img:
-                img = img.convert("RGB")
-                if image_size:
-                    img = img.resize((image_size, image_size), Image.Resampling.BILINEAR)
-                pixels = np.array(img, dtype=np.uint8)  # a writable copy
+                pixels = rgb_pixels(img, image_size)
         except (UnidentifiedImageError, OSError) as err:
             raise RuntimeError(f"dataset {dataset!r}: cannot read image {path} ({err}); remove or "
                                "replace it") from None
@@ -64,16 +70,29 @@ def load_site(path: Path, image_size: int) -> tuple[torch.Tensor, torch.Tensor, 
     return read_split(folder, image_size, "dataset-path", SITE_LAYOUT, allow_empty=True)
 
 
-def load_folder(root: Path, image_size: int):
-    """(train x, train y, test x, test y, class names) of an ImageFolder dataset at `root`."""
-    train_x, train_y, classes = read_split(Path(root) / "train", image_size)
-    test_x, test_y, test_classes = read_split(Path(root) / "test", image_size)
+def read_tree(root: Path, image_size: int, dataset: str = "folder", layout: str = LAYOUT,
+              test: str = "test", check_classes=None):
+    """(train x, train y, test x, test y, class names) of the ImageFolder trees root/train and
+    root/<test>: the same class folders and image shape in both; `check_classes(folder,
+    classes)`, when given, vets each tree's classes as soon as it is read."""
+    splits = []
+    for name in ("train", test):
+        x, y, classes = read_split(Path(root) / name, image_size, dataset, layout)
+        if check_classes is not None:
+            check_classes(Path(root) / name, classes)
+        splits.append((x, y, classes))
+    (train_x, train_y, classes), (test_x, test_y, test_classes) = splits
     if test_classes != classes:
-        raise RuntimeError(f"dataset 'folder': the class folders of {Path(root) / 'test'} "
+        raise RuntimeError(f"dataset {dataset!r}: the class folders of {Path(root) / test} "
                            f"({', '.join(test_classes)}) differ from those of "
                            f"{Path(root) / 'train'} ({', '.join(classes)})")
     if test_x.shape[1:] != train_x.shape[1:]:
-        raise RuntimeError(f"dataset 'folder': test images are {tuple(test_x.shape[2:])}, "
+        raise RuntimeError(f"dataset {dataset!r}: {test} images are {tuple(test_x.shape[2:])}, "
                            f"training images {tuple(train_x.shape[2:])}; set run-config key "
                            "'image-size' to resize them all to one side")
     return train_x, train_y, test_x, test_y, tuple(classes)
+
+
+def load_folder(root: Path, image_size: int):
+    """(train x, train y, test x, test y, class names) of an ImageFolder dataset at `root`."""
+    return read_tree(root, image_size)

@@ -14,6 +14,8 @@ from datasets import ClassLabel
 from datasets import Image as ImageFeature
 from flwr_datasets import FederatedDataset
 
+from fedgo_flwr.data.folder import rgb_pixels
+
 PREFIX = "hub:"
 
 
@@ -43,12 +45,7 @@ def load_hub(name: str, root: Path, image_size: int):
     label = column(features, ClassLabel, "class-label", name)
     out = []
     for split in splits:
-        pixels = []
-        for img in split[image]:
-            img = img.convert("RGB")
-            if image_size:
-                img = img.resize((image_size, image_size))
-            pixels.append(np.array(img, dtype=np.uint8))
+        pixels = [rgb_pixels(img, image_size) for img in split[image]]
         if len({p.shape for p in pixels}) > 1:
             raise RuntimeError(f"dataset 'hub:{name}': images differ in size; set run-config "
                                "key 'image-size' to resize them all to one side")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fedgo_flwr.data.folder import read_split
+from fedgo_flwr.data.folder import read_tree
 
 CLASSES = tuple("""
 n02869837 n01749939 n02488291 n02107142 n13037406 n02091831 n04517823 n04589890
@@ -31,21 +31,11 @@ n02108089 n03424325 n01855672 n02090622
 """.split())
 
 
-NAMED = ("imagenet100", "<data-dir>/imagenet100/{train,val}/<wnid>/<image>")
-
-
 def load_imagenet100(root: Path, image_size: int):
     """(train x, train y, test x, test y, class names) of ImageNet100 under `root`."""
-    folder = Path(root) / "imagenet100"
-    train_x, train_y, classes = read_split(folder / "train", image_size, *NAMED)
-    check_classes(folder / "train", classes)
-    test_x, test_y, test_classes = read_split(folder / "val", image_size, *NAMED)
-    check_classes(folder / "val", test_classes)
-    if test_x.shape[1:] != train_x.shape[1:]:
-        raise RuntimeError(f"dataset 'imagenet100': validation images are "
-                           f"{tuple(test_x.shape[2:])}, training images {tuple(train_x.shape[2:])};"
-                           " set run-config key 'image-size' to resize them all to one side")
-    return train_x, train_y, test_x, test_y, tuple(classes)
+    return read_tree(Path(root) / "imagenet100", image_size, "imagenet100",
+                     "<data-dir>/imagenet100/{train,val}/<wnid>/<image>", test="val",
+                     check_classes=check_classes)
 
 
 def check_classes(folder: Path, found: list[str]) -> None:
