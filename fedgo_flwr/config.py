@@ -167,6 +167,9 @@ class Config:
                            "once after the pre-FL stage, FedGO's Table 2 D2); every ensemble "
                            "strategy distils on the same set", OneOf(DISTILL_SETS),
                            ("distillation",))
+    redraw_distill_set: bool = key(False, "with distill-set = generated: draw a new set from G "
+                                   "every round (seeded by the round) instead of once",
+                                   groups=("distillation",))
     generator_source: str = key("train-on-u", "where G comes from: train-on-u (WGAN-GP on U, the "
                                 "paper's G1), load (generator-file, an off-the-shelf G: G2) or "
                                 "fedgan (trained by the clients, FedGAN: G3)",
@@ -315,6 +318,10 @@ class Config:
         if self.generator_source == "load" and not self.generator_file:
             raise ConfigError("run-config key 'generator-source' is 'load' and "
                               "'generator-file' is empty: name the generator file")
+        if self.redraw_distill_set and self.distill_set != "generated":
+            raise ConfigError("run-config key 'redraw-distill-set' is true and 'distill-set' "
+                              f"is {self.distill_set!r}: only a generated set (distill-set = "
+                              "\"generated\") can be redrawn")
         if self.distill_set == "generated" and self.distill_size == 0:
             raise ConfigError("run-config key 'distill-set' is 'generated' and 'distill-size' "
                               "is 0 (all of U): say how many images to draw from G")

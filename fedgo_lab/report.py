@@ -13,7 +13,8 @@ seed), as a markdown table; --plot draws `--metric` against the round, one panel
 one line per row (or per value of `--by`, a config key) with a band of one std over seeds;
 --diagnostics prints, per record that has them, every rule's ensemble accuracy on the same
 client models round by round; --communication prints the bytes each row sent (pre-FL, per
-round, whole run) and its clients' compute seconds per round; --gap, per alpha, how much of
+round, whole run) and its clients' compute seconds (per round, pre-FL), with the pre-FL
+stage's share of each (FedGO's "negligible overhead"); --gap, per alpha, how much of
 the gap between the odds and the label oracle each option beyond the paper closes (the
 diagnostics of the runs of the row --of, fedgo by default); --of LABEL, the per-seed
 differences of that row to every other (last round, last three, all rounds); --update FILE
@@ -300,10 +301,13 @@ def mib(nbytes: float) -> str:
 
 def communication_table(records: list[dict]) -> str:
     """Per strategy (first record of each label): MiB sent down and up in the pre-FL stage,
-    per round (mean over rounds) and over the whole run, and the clients' compute seconds per
-    round (their sum, mean over rounds)."""
+    per round (mean over rounds) and over the whole run, the pre-FL stage's share of the
+    run's bytes; the clients' compute seconds per round (their sum, mean over rounds), in
+    the pre-FL stage (discriminators, FedGAN) and its share of the run's client seconds.
+    Records made before a column existed show '-'."""
     lines = ["| strategy | rounds | pre-FL down | pre-FL up | per round down | per round up | "
-             "whole run (MiB) | client s / round |", "|---|---|---|---|---|---|---|---|"]
+             "whole run (MiB) | pre-FL share of bytes | client s / round | pre-FL client s | "
+             "pre-FL share of client s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     seen = set()
     for rec in records:
         name = label(rec)
@@ -312,12 +316,24 @@ def communication_table(records: list[dict]) -> str:
         seen.add(name)
         rounds = [r for r in rec["rounds"] if r["round"] > 0]
         per = lambda key: statistics.mean(r["bytes"].get(key, 0) for r in rounds) if rounds else 0
-        total = sum(rec["bytes"].values())
+        sent = rec["bytes"]
+        total = sum(sent.values())
+        pre_fl = sent.get("pre_fl_down", 0) + sent.get("pre_fl_up", 0)
         seconds = [r["client_seconds"] for r in rounds if "client_seconds" in r]
-        compute = f"{statistics.mean(seconds):.1f}" if seconds else "-"
-        lines.append(f"| {name} | {len(rounds)} | {mib(rec['bytes'].get('pre_fl_down', 0))} | "
-                     f"{mib(rec['bytes'].get('pre_fl_up', 0))} | {mib(per('down'))} | "
-                     f"{mib(per('up'))} | {mib(total)} | {compute} |")
+        main = f"{statistics.mean(seconds):.1f}" if seconds else "-"
+        pre_fl_record = rec.get("pre_fl", {})
+        spent = pre_fl_record.get("client_seconds")
+        if spent is None and "discriminator_loss" in pre_fl_record or not seconds:
+            before, share = "-", "-"  # a record from before pre-FL seconds were kept
+        else:
+            before = sum((spent or {}).values())
+            share = f"{100 * before / (before + sum(seconds)):.1f} %"
+            before = f"{before:.1f}"
+        lines.append(f"| {name} | {len(rounds)} | {mib(sent.get('pre_fl_down', 0))} | "
+                     f"{mib(sent.get('pre_fl_up', 0))} | {mib(per('down'))} | "
+                     f"{mib(per('up'))} | {mib(total)} | "
+                     f"{100 * pre_fl / total if total else 0:.1f} % | {main} | {before} | "
+                     f"{share} |")
     return "\n".join(lines)
 
 
@@ -367,8 +383,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="per record with diagnostics, the per-round table of every rule "
                              "and the label oracle on the same client models")
     parser.add_argument("--communication", action="store_true",
-                        help="MiB each way (pre-FL, per round, whole run) and client seconds "
-                             "per round, per row")
+                        help="MiB each way (pre-FL, per round, whole run), client seconds "
+                             "(per round, pre-FL) and the pre-FL share of each, per row")
     parser.add_argument("--gap", action="store_true",
                         help="per alpha, the share of the odds-to-oracle gap each option "
                              "beyond the paper closes, over the diagnostics of row --of "

@@ -8,9 +8,12 @@ import pytest
 import torch
 
 import fedgo_flwr.data as data
+from fedgo_flwr.keys import ConfigError
 from client_app.app import app as client_app
+from fedgo_flwr.gan import log_odds
 from fedgo_flwr.generators import draw_images, save_generator_file
 from fedgo_flwr.models import Generator
+from fedgo_flwr.seeds import round_seed
 from fedgo_flwr.server.record import RunRecord
 from fedgo_flwr.strategies import STRATEGIES
 from fedgo_flwr.strategies.base import ServerSetup
@@ -45,7 +48,7 @@ def test_a_loaded_generator_and_a_generated_set_need_no_server_data(
                               distill_size=40, num_server_rounds=1)
     assert not cfg.reads_server_data
     record = _run(cfg)
-    assert record["pre_fl"]["distillation_set"] == {"generated": 40}
+    assert record["pre_fl"]["distillation_set"] == {"generated": 40, "redrawn": False}
     assert record["pre_fl"]["generator"] == {"source": "load", "file": str(path)}
     assert np.isfinite(record["rounds"][1]["server_test_acc"])
     assert record["rounds"][1]["distill_steps"] == 1  # 40 images, batch 64
@@ -77,15 +80,62 @@ def test_fedgo_and_feddf_distil_on_the_same_generated_set(tiny_config, generator
     assert torch.equal(resumed.u, expected)
 
 
-def test_fedgan_averages_the_clients_generators_and_critics_by_n_k(tiny_config, monkeypatch):
+def test_a_redrawn_set_is_new_each_round_and_fedgo_scores_it_after_a_resume(
+        tiny_config, generator_file):
+    """redraw-distill-set: round t distils on images drawn with the round's seed, FedGO's odds
+    are D_k's on them, and a strategy restored from the checkpoint state draws and scores
+    the same sets (G and D_k travel in it)."""
+    path, g = generator_file
+    cfg = tiny_config.replace(generator_source="load", generator_file=str(path),
+                              distill_set="generated", distill_size=40,
+                              redraw_distill_set=True, num_server_rounds=2)
+    record = _run(cfg)
+    assert record["pre_fl"]["distillation_set"] == {"generated": 40, "redrawn": True}
+    assert record["rounds"][2]["seconds"]["odds"] > 0  # the new set scored in round 2
+    grid = InProcessGrid(client_app, cfg.to_run_config(), 4)
+    u, test_x, test_y = data.server_data(cfg)
+
+    def strategy(name):
+        return STRATEGIES.server(ServerSetup(cfg, u, test_x, test_y, 10, torch.device("cpu")),
+                                 RunRecord(cfg.to_run_config(), name))
+
+    first = strategy("first")
+    first.prepare(grid)
+    first.redraw_distillation_set(2)
+    expected = draw_images(g, 40, seed=round_seed(cfg.seed, 2), device=torch.device("cpu"))
+    assert torch.equal(first.u, expected)
+    for p, row in first.row.items():
+        d, _ = first.discriminators[p]
+        for view in (0, 1):
+            torch.testing.assert_close(first.cached_u_log_odds[row, view],
+                                       log_odds(d, expected, device=torch.device("cpu"),
+                                                flip=view == 1))
+    resumed = strategy("resumed")
+    resumed.load_state_dict(first.state_dict())
+    for s in (first, resumed):
+        s.redraw_distillation_set(3)
+    assert torch.equal(resumed.u, first.u) and not torch.equal(first.u, expected)
+    torch.testing.assert_close(resumed.cached_u_log_odds, first.cached_u_log_odds)
+
+
+def test_only_a_generated_set_can_be_redrawn(tiny_config):
+    with pytest.raises(ConfigError, match="'redraw-distill-set' is true and 'distill-set'"):
+        tiny_config.replace(redraw_distill_set=True).validate()
+
+
+@pytest.mark.parametrize("bad_critic", [None, 3])
+def test_fedgan_averages_the_clients_generators_and_critics_by_n_k(tiny_config, monkeypatch,
+                                                                   bad_critic):
     """Each FedGAN reply's G and critic replaced by constants (its partition id + 1): the G
     FedGO then sends for the discriminators is their n_k-weighted mean, and the run needed no
-    server data (S2-G3-D2)."""
+    server data (S2-G3-D2). A reply whose critic holds a NaN is rejected with its reason and
+    left out of both averages."""
     def tamper(reply):
         arrays = reply.content.array_records
         if "critic" in arrays:
-            value = float(reply.metadata.src_node_id - 1000) / 17 + 1  # partition id + 1
+            pid = (reply.metadata.src_node_id - 1000) // 17
             for key in ("generator", "critic"):
+                value = float("nan") if (key, pid) == ("critic", bad_critic) else pid + 1.0
                 state = {k: (torch.full_like(v, value) if v.is_floating_point() else v)
                          for k, v in arrays[key].to_torch_state_dict().items()}
                 arrays[key] = type(arrays[key])(state)
@@ -98,15 +148,19 @@ def test_fedgan_averages_the_clients_generators_and_critics_by_n_k(tiny_config, 
                               num_server_rounds=1)
     grid = InProcessGrid(client_app, cfg.to_run_config(), 4, tamper=tamper)
     record = json.loads(run(grid, cfg).read_text())
-    n = {int(p): k for p, k in record["clients"]["num_examples"].items()}
+    n = {int(p): k for p, k in record["clients"]["num_examples"].items() if int(p) != bad_critic}
     expected = sum(n[p] * (p + 1) for p in n) / sum(n.values())
     sent = next(m for m in grid.sent if m.metadata.message_type == "train.discriminator")
     g = sent.content.array_records["generator"].to_torch_state_dict()
     torch.testing.assert_close(g["out.weight"], torch.full_like(g["out.weight"], expected))
     stage = record["pre_fl"]["generator"]
-    assert stage["source"] == "fedgan" and stage["rounds"] == [
-        {"clients": [0, 1, 2, 3], "usable": [0, 1, 2, 3]}]
-    assert stage["client_seconds"] > 0 and record["bytes"]["pre_fl_up"] > 0
+    (fedgan_round,) = stage["rounds"]
+    assert stage["source"] == "fedgan" and fedgan_round["clients"] == [0, 1, 2, 3]
+    assert fedgan_round["usable"] == len(n) and fedgan_round["missing"] == []
+    assert list(fedgan_round["rejected"]) == ([] if bad_critic is None else [str(bad_critic)])
+    spent = record["pre_fl"]["client_seconds"]
+    assert spent["fedgan"] > 0 and spent["discriminators"] > 0
+    assert record["bytes"]["pre_fl_up"] > 0
     assert types_of(grid).count("train.fedgan") == 4
 
 

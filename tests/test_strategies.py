@@ -336,5 +336,15 @@ def test_communication_table_counts_every_array_each_way(tiny_config):
     assert up[0] > up[1] > per_round("fedavg", "up")[1]  # G up in the GAN round only
     down = per_round("fedgen", "down")
     assert down[0] == per_round("fedavg", "down")[0] < down[1]
+    # the clients' discriminator seconds are FedGO's pre-FL compute, apart from its rounds'
+    assert records["fedgo"]["pre_fl"]["client_seconds"]["discriminators"] > 0
+    assert "client_seconds" not in records["fedavg"]["pre_fl"]
     table = communication_table(list(records.values()))
     assert table.count("\n") == 5 and "| dafkd | 2 |" in table
+    rows = {line.split(" | ")[0][2:]: line.strip("| ").split(" | ") for line in
+            table.splitlines()[2:]}
+    assert rows["fedavg"][7] == "0.0 %" and rows["fedavg"][9] == "0.0"
+    fedgo_pre = records["fedgo"]["pre_fl"]["client_seconds"]["discriminators"]
+    fedgo_main = sum(r["client_seconds"] for r in records["fedgo"]["rounds"] if r["round"] > 0)
+    assert rows["fedgo"][9] == f"{fedgo_pre:.1f}"
+    assert rows["fedgo"][10] == f"{100 * fedgo_pre / (fedgo_pre + fedgo_main):.1f} %"

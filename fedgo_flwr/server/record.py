@@ -77,6 +77,12 @@ class RunRecord:
             entry = self.round(server_round)["bytes"]
             entry[direction] = entry.get(direction, 0) + int(nbytes)
 
+    def client_seconds(self, stage: str, seconds: float) -> None:
+        """Add the clients' summed compute seconds of a pre-FL stage (main-FL rounds keep
+        theirs in the round's entry)."""
+        spent = self.data["pre_fl"].setdefault("client_seconds", {})
+        spent[stage] = spent.get(stage, 0.0) + float(seconds)
+
     def finish(self, results_dir: Path) -> Path:
         self.data["timings"]["wall"] = time.perf_counter() - self.started
         for r in self.rounds:

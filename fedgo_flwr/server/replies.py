@@ -7,14 +7,16 @@ import torch
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 
 
-def reply_problem(reply: Message, array_key: str, template: dict[str, torch.Tensor]) -> str | None:
-    """Why a train reply cannot be used, or None: it must carry `array_key` with exactly the
-    template's tensor names and shapes, all finite, and metrics with num-examples > 0."""
+def reply_problem(reply: Message, array_key: str, template: dict[str, torch.Tensor],
+                  extras: dict[str, dict[str, torch.Tensor]] | None = None) -> str | None:
+    """Why a train reply cannot be used, or None: it must carry `array_key` (and each of
+    `extras`, name -> template) with exactly the template's tensor names and shapes, all
+    finite, and metrics with num-examples > 0."""
     if reply.has_error():
         return f"error reply: {reply.error.reason}"
-    why = arrays_problem(reply, array_key, template)
-    if why:
-        return why
+    for key, ref in {array_key: template, **(extras or {})}.items():
+        if why := arrays_problem(reply, key, ref):
+            return why
     metrics = reply.content.metric_records.get("metrics")
     n = metrics.get("num-examples") if isinstance(metrics, MetricRecord) else None
     if not isinstance(n, (int, float)) or not n > 0:

@@ -5,7 +5,7 @@ loop with its checkpoints and its bookkeeping of nodes that go missing; and its 
 
 Subclasses add a server update after the averaging (`server_update`), a pre-FL stage
 (`prepare`), more to the train config (`train_config`), checks of their own replies
-(`reply_problem`), and name what they carry from round to round (`carried`, checkpointed);
+(`reply_problem`, `train_extras`), and name what they carry from round to round (`carried`, checkpointed);
 they keep the rest.
 """
 
@@ -253,25 +253,32 @@ class FedAvgStrategy(FedAvg):
         self._sent_at = time.perf_counter()
         return [Message(content, dst_node_id=n, message_type="train") for n in self._sampled]
 
-    def reply_problem(self, reply: Message, array_key: str,
-                      template: dict[str, torch.Tensor]) -> str | None:
+    def reply_problem(self, reply: Message, array_key: str, template: dict[str, torch.Tensor],
+                      extras: dict[str, dict[str, torch.Tensor]] | None = None) -> str | None:
         """Why a reply cannot be used, or None; strategies add checks of what they send."""
-        return reply_problem(reply, array_key, template)
+        return reply_problem(reply, array_key, template, extras)
+
+    def train_extras(self, server_round: int) -> dict[str, dict[str, torch.Tensor]]:
+        """The arrays a train reply carries besides the model (name -> template); FedAvg's
+        carry none."""
+        return {}
 
     def collect(self, replies: Iterable[Message], array_key: str,
-                template: dict[str, torch.Tensor], expected: dict[int, int]
+                template: dict[str, torch.Tensor], expected: dict[int, int],
+                extras: dict[str, dict[str, torch.Tensor]] | None = None
                 ) -> tuple[list[ClientModel], dict]:
-        """The usable replies as ClientModels, and the tally of the partitions asked: missing
-        (no reply in time), failed (an error reply: the node or its ClientApp failed) and
-        rejected (a reply that fails the checks), the last two with the reason; each is
-        logged."""
+        """The usable replies as ClientModels (`extras`, name -> template: more arrays each
+        must carry, kept in ClientModel.extras), and the tally of the partitions asked:
+        missing (no reply in time), failed (an error reply: the node or its ClientApp
+        failed) and rejected (a reply that fails the checks), the last two with the reason;
+        each is logged."""
         models, seen = [], set()
         tally = {"asked": len(expected), "missing": [], "failed": {}, "rejected": {}}
         for reply in replies:
             node = self.mailbox.node_of(reply)
             pid = expected.get(node)
             why = ("not asked this round" if pid is None else "duplicate reply" if pid in seen
-                   else self.reply_problem(reply, array_key, template))
+                   else self.reply_problem(reply, array_key, template, extras))
             if why:
                 log(WARNING, "rejected reply from node %d (partition %s): %s", node, pid, why)
                 if pid is not None and pid not in seen:
@@ -295,7 +302,8 @@ class FedAvgStrategy(FedAvg):
         self.record.time("client_training", time.perf_counter() - self._sent_at, server_round)
         self.record.sent("main_fl", "up", payload_bytes(replies), server_round)
         template = self.setup.new_classifier().state_dict()
-        models, tally = self.collect(replies, "arrays", template, self._sampled)
+        models, tally = self.collect(replies, "arrays", template, self._sampled,
+                                     self.train_extras(server_round))
         self.record.round(server_round).setdefault("replies", {}).update(tally)
         # Dropped from sampling until they answer again.
         self.absent.update([*tally["missing"], *map(int, tally["failed"])])

@@ -36,7 +36,6 @@ from fedgo_flwr.keys import NON_NEGATIVE, key
 from fedgo_flwr.models import Generator, generator_fits
 from fedgo_flwr.seeds import client_seed, round_seed
 from fedgo_flwr.server.record import RunRecord
-from fedgo_flwr.server.replies import arrays_problem
 from fedgo_flwr.strategies.base import CLIENT, ClientModel, ServerSetup, weighted_average
 from fedgo_flwr.strategies.ensemble import MARKS, READS, EnsembleDistillation
 from fedgo_flwr.strategies.registry import StrategySpec
@@ -125,13 +124,11 @@ class DaFKD(EnsembleDistillation):
             self.head = discriminator_head(setup.latent_dim("dafkd"))
         self.heads: dict[int, dict[str, torch.Tensor]] = {}  # partition -> this round's D_k head
         self.size = len(setup.u)  # generated distillation set, as large as U is for the others
-        self.current_round = 0
 
     def trains_generator(self, server_round: int) -> bool:
         return server_round <= self.keys.gan_rounds
 
     def train_content(self, server_round: int, arrays: ArrayRecord) -> RecordDict:
-        self.current_round = server_round
         content = super().train_content(server_round, arrays)
         content[GENERATOR] = ArrayRecord(self.generator.state_dict())
         content[HEAD] = ArrayRecord(self.head.state_dict())
@@ -145,13 +142,12 @@ class DaFKD(EnsembleDistillation):
                      "gan-lr": cfg.gan_lr})
         return conf
 
-    def reply_problem(self, reply_: Message, array_key: str, template: dict) -> str | None:
-        """Train replies must also carry D_k's head, and G in the generator rounds."""
+    def train_extras(self, server_round: int) -> dict[str, dict[str, torch.Tensor]]:
+        """Train replies also carry D_k's head, and G in the generator rounds."""
         need = {HEAD: self.head.state_dict()}
-        if self.trains_generator(self.current_round):
+        if self.trains_generator(server_round):
             need[GENERATOR] = self.generator.state_dict()
-        return super().reply_problem(reply_, array_key, template) or next(
-            (why for key, t in need.items() if (why := arrays_problem(reply_, key, t))), None)
+        return need
 
     def server_update(self, server_round: int, averaged: dict[str, torch.Tensor],
                       models: list[ClientModel]) -> dict[str, torch.Tensor]:

@@ -24,7 +24,7 @@ from flwr.common.logger import log
 from fedgo_flwr.diagnostics import ensemble_diagnostics
 from fedgo_flwr.distill import (cosine_lr, distill, draw_batches, ensemble_log_probs,
                                 view_pseudo_labels)
-from fedgo_flwr.generators import draw_images, obtain_generator
+from fedgo_flwr.generators import draw_images, generator_arguments, obtain_generator
 from fedgo_flwr.models import Generator
 from fedgo_flwr.seeds import round_seed
 from fedgo_flwr.server.record import RunRecord
@@ -69,29 +69,53 @@ class EnsembleDistillation(FedAvgStrategy):
                                else obtain_generator(self.cfg, self.setup, self.record))
         return self._generator
 
+    @property
+    def generated_set(self) -> bool:
+        return self.cfg.distill_set == "generated" and self.draws_distillation_set
+
     def prepare(self, grid) -> None:
         """The pre-FL stage: the clients, and with `distill-set = generated` the distillation
         set, `distill-size` images drawn from G once (seeded)."""
         super().prepare(grid)
         self._grid = grid
-        if self.cfg.distill_set == "generated" and self.draws_distillation_set:
+        if self.generated_set:
             self.u = draw_images(self.generator(), self.cfg.distill_size, self.cfg.seed,
                                  self.setup.device)
-            self.record.data["pre_fl"]["distillation_set"] = {"generated": len(self.u)}
+            self.record.data["pre_fl"]["distillation_set"] = {
+                "generated": len(self.u), "redrawn": self.cfg.redraw_distill_set}
             log(INFO, "pre-FL: distillation set of %d images drawn from G", len(self.u))
 
+    def redraw_distillation_set(self, server_round: int) -> None:
+        """`redraw-distill-set`: a new set from G for this round (seeded by the round)."""
+        self.u = draw_images(self.generator(), self.cfg.distill_size,
+                             round_seed(self.cfg.seed, server_round), self.setup.device)
+        self.distillation_set_changed(server_round)
+
+    def distillation_set_changed(self, server_round: int) -> None:
+        """What a strategy recomputes on a new distillation set (FedGO: the odds on it)."""
+
     # A generated distillation set goes into the checkpoints: a resumed run skips the pre-FL
-    # stage that drew it.
+    # stage that drew it; with redraws, so does G (FedGAN's would need the clients again).
     def state_dict(self) -> dict:
         state = super().state_dict()
-        if self.cfg.distill_set == "generated" and self.draws_distillation_set:
+        if self.generated_set:
             state["distillation_set"] = self.u
+        if self.generated_set and self.cfg.redraw_distill_set:
+            g = self.generator()
+            state["distillation_generator"] = {
+                "arguments": generator_arguments(g, self.setup.image_shape[0]),
+                "state": g.state_dict()}
         return state
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         if "distillation_set" in state:
             self.u = state["distillation_set"]
+        if "distillation_generator" in state:
+            saved = state["distillation_generator"]
+            self._generator = Generator(**saved["arguments"])
+            self._generator.load_state_dict(saved["state"])
+            self._generator.eval()
 
     # --- what a strategy with discriminators provides
     def u_log_odds(self, models: list[ClientModel], view: int) -> torch.Tensor:
@@ -163,6 +187,8 @@ class EnsembleDistillation(FedAvgStrategy):
     # --- the shared round
     def server_update(self, server_round: int, averaged: dict[str, torch.Tensor],
                       models: list[ClientModel]) -> dict[str, torch.Tensor]:
+        if self.generated_set and self.cfg.redraw_distill_set and server_round > 1:
+            self.redraw_distillation_set(server_round)  # round 1 uses the pre-FL stage's
         u, cfg = self.u, self.cfg
         entry = self.record.round(server_round)
         models = self.teachers(models)

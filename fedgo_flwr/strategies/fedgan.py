@@ -22,7 +22,7 @@ from fedgo_flwr.generators import new_generator
 from fedgo_flwr.models import Critic, Generator
 from fedgo_flwr.seeds import client_seed, round_seed
 from fedgo_flwr.server.clients import config_record, sample_partitions
-from fedgo_flwr.server.replies import arrays_problem, payload_bytes, reply_problem
+from fedgo_flwr.server.replies import payload_bytes
 from fedgo_flwr.strategies.base import ClientModel, weighted_average
 
 TRAIN_FEDGAN = "train.fedgan"
@@ -31,13 +31,14 @@ GENERATOR, CRITIC = "generator", "critic"
 
 def fedgan_generator(strategy, grid) -> Generator:
     """G trained by the clients with FedGAN (the pre-FL stage before the discriminators);
-    bytes, client seconds and each round's clients go to the record's pre_fl.fedgan."""
+    bytes and client seconds are counted as pre-FL; each round's clients and reply tally go
+    to the record's pre_fl.generator."""
     cfg, setup, record = strategy.cfg, strategy.setup, strategy.record
     c, h, _ = setup.image_shape
     torch.manual_seed(cfg.seed)
     generator = new_generator(cfg, setup.image_shape)
     critic = Critic(c, h, cfg.generator_width)
-    start, stage = time.perf_counter(), {"rounds": [], "client_seconds": 0.0}
+    start, stage = time.perf_counter(), {"rounds": []}
     for t in range(1, cfg.fedgan_rounds + 1):
         pids = sample_partitions(strategy.clients.partition_ids, cfg.fraction_train,
                                  round_seed(cfg.seed, 0), t, frozenset(strategy.absent))
@@ -56,22 +57,11 @@ def fedgan_generator(strategy, grid) -> Generator:
             [Message(content, dst_node_id=n, message_type=TRAIN_FEDGAN) for n in expected],
             expected, f"pre-FL: FedGAN round {t}", None)
         record.sent("pre_fl", "up", payload_bytes(replies))
-        models = []
-        for r in replies:
-            pid = expected.get(strategy.mailbox.node_of(r))
-            why = ("not asked" if pid is None else
-                   reply_problem(r, GENERATOR, generator.state_dict())
-                   or arrays_problem(r, CRITIC, critic.state_dict()))
-            if why:
-                log(WARNING, "pre-FL: FedGAN reply of partition %s rejected: %s", pid, why)
-                continue
-            metrics = dict(r.content.metric_records["metrics"])
-            stage["client_seconds"] += float(metrics.get("train-seconds", 0.0))
-            models.append(ClientModel(pid, int(metrics["num-examples"]),
-                                      r.content.array_records[GENERATOR].to_torch_state_dict(),
-                                      metrics, {CRITIC: r.content.array_records[CRITIC]
-                                                .to_torch_state_dict()}))
-        stage["rounds"].append({"clients": pids, "usable": sorted(m.partition_id for m in models)})
+        models, tally = strategy.collect(replies, GENERATOR, generator.state_dict(), expected,
+                                         {CRITIC: critic.state_dict()})
+        record.client_seconds("fedgan", sum(float(m.metrics.get("train-seconds", 0.0))
+                                            for m in models))
+        stage["rounds"].append({"clients": pids, **tally})
         if not models:
             log(WARNING, "pre-FL: FedGAN round %d: no usable reply; G is unchanged", t)
             continue

@@ -127,9 +127,10 @@ class FedGen(FedAvgStrategy):
                          "hidden-dim": keys.hidden_dim})
         return conf
 
-    def reply_problem(self, reply: Message, array_key: str, template: dict) -> str | None:
+    def reply_problem(self, reply: Message, array_key: str, template: dict,
+                      extras: dict | None = None) -> str | None:
         """Train replies must also carry the client's label counts (c_k), consistent with n_k."""
-        why = super().reply_problem(reply, array_key, template)
+        why = super().reply_problem(reply, array_key, template, extras)
         if why:
             return why
         metrics = reply.content.metric_records["metrics"]

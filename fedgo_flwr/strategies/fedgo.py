@@ -58,6 +58,8 @@ class FedGO(EnsembleDistillation):
         super().__init__(setup, record, None if self.needs_label_counts else
                          weighting_rule(cfg.weighting, cfg.entropy_tau, cfg.odds_beta))
         self.row: dict[int, int] = {}  # partition id -> row of the cached odds
+        # D_k, kept only to score a distillation set redrawn every round
+        self.discriminators: dict[int, tuple[Discriminator, Calibration | None]] = {}
         self.cached_u_log_odds = torch.empty(0)  # [K, V, |U|]
         self.cached_test_log_odds = torch.empty(0)  # [K, |test|]
         self.calibrated = cfg.calibrated_odds
@@ -69,6 +71,8 @@ class FedGO(EnsembleDistillation):
         super().prepare(grid)
         discriminators = self.collect_discriminators(grid, self.negatives())
         self.cache_odds(discriminators)
+        if self.cfg.redraw_distill_set:
+            self.discriminators = discriminators
 
     def negatives(self) -> tuple[str, ArrayRecord]:
         """What the discriminators learn against: G (the paper), or a seeded sample of U."""
@@ -110,6 +114,8 @@ class FedGO(EnsembleDistillation):
         template = new_discriminator(cfg, self.setup.image_shape).state_dict()
         received, tally = self.collect(replies, "discriminator", template, expected)
         self.record.data["pre_fl"]["replies"] = tally
+        self.record.client_seconds("discriminators", sum(
+            float(m.metrics.get("discriminator-seconds", 0.0)) for m in received))
         if not received:
             raise RuntimeError("pre-FL: no client returned a usable discriminator")
         left_out = sorted(set(self.clients.partition_ids) - {m.partition_id for m in received})
@@ -132,9 +138,9 @@ class FedGO(EnsembleDistillation):
                 str(p): list(cal) for p, (_, cal) in discriminators.items()}
         return discriminators
 
-    def reply_problem(self, reply: Message, array_key: str,
-                      template: dict[str, torch.Tensor]) -> str | None:
-        why = super().reply_problem(reply, array_key, template)
+    def reply_problem(self, reply: Message, array_key: str, template: dict[str, torch.Tensor],
+                      extras: dict[str, dict[str, torch.Tensor]] | None = None) -> str | None:
+        why = super().reply_problem(reply, array_key, template, extras)
         if why or array_key != "discriminator" or not self.calibrated:
             return why
         metrics = reply.content.metric_records["metrics"]
@@ -149,18 +155,10 @@ class FedGO(EnsembleDistillation):
         """log Phi_k on every view of the distillation set (U, or the set drawn from G) and
         on the test split, once: D_k never changes."""
         start = time.perf_counter()
-        dev, u = self.setup.device, self.u
         self.row = {p: i for i, p in enumerate(sorted(discriminators))}
-        on_u, on_test = [], []
-        for p in self.row:
-            d, cal = discriminators[p]
-            on_u.append(torch.stack([log_odds(d, u, device=dev, flip=v == 1, calibration=cal)
-                                     for v in range(self.views)]))
-            on_test.append(log_odds(d, self.setup.test_x, device=dev, calibration=cal))
-            log(INFO, "pre-FL: odds of partition %d on U and the test split (%d/%d)", p,
-                len(on_u), len(self.row))
-        self.cached_u_log_odds = torch.stack(on_u)
-        self.cached_test_log_odds = torch.stack(on_test)
+        self.cached_u_log_odds = self.odds_on(self.u, discriminators, self.views, "U")
+        self.cached_test_log_odds = self.odds_on(self.setup.test_x, discriminators, 1,
+                                                 "the test split")[:, 0]
         self.record.time("odds", time.perf_counter() - start)
         stats = phi_stats(self.cached_u_log_odds)
         self.record.data["pre_fl"]["phi_on_u"] = stats
@@ -168,6 +166,38 @@ class FedGO(EnsembleDistillation):
                else f"{100 * stats['share_near_cap']:.0f}% within 1% of the cap e")
         log(INFO, "pre-FL: odds on U cached for %d clients (Phi in [%.3g, %.3g], mean %.3g, "
             "%s)", len(self.row), stats["min"], stats["max"], stats["mean"], cap)
+
+    def odds_on(self, x: torch.Tensor, discriminators: dict, views: int, name: str
+                ) -> torch.Tensor:
+        """log Phi_k on each view of images x, [K, views, N], rows in self.row's order."""
+        rows = []
+        for p in self.row:
+            d, cal = discriminators[p]
+            rows.append(torch.stack([log_odds(d, x, device=self.setup.device, flip=v == 1,
+                                              calibration=cal) for v in range(views)]))
+        log(INFO, "odds of %d clients on %s (%d images)", len(rows), name, len(x))
+        return torch.stack(rows)
+
+    def distillation_set_changed(self, server_round: int) -> None:
+        start = time.perf_counter()
+        self.cached_u_log_odds = self.odds_on(self.u, self.discriminators, self.views,
+                                              "the redrawn distillation set")
+        self.record.time("odds", time.perf_counter() - start, server_round)
+
+    # With a redrawn set D_k go into the checkpoints too: a resumed run scores its new sets.
+    def state_dict(self) -> dict:
+        state = super().state_dict()
+        if self.discriminators:
+            state["discriminators"] = {p: (d.state_dict(), cal)
+                                       for p, (d, cal) in self.discriminators.items()}
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        for p, (weights, cal) in state.get("discriminators", {}).items():
+            d = new_discriminator(self.cfg, self.setup.image_shape)
+            d.load_state_dict(weights)
+            self.discriminators[p] = (d.eval(), cal)
 
     # ------------------------------------------------------------------ main FL
     def teachers(self, models: list[ClientModel]) -> list[ClientModel]:
@@ -217,6 +247,7 @@ def discriminator_update(message: Message, local: Local) -> Message:
     x, held_out = hold_out(local.x, float(conf["calibration-fraction"]), seed)
     discriminator = new_local_discriminator(seed, local.image_shape,
                                             int(conf["discriminator-width"]))
+    start = time.perf_counter()
     result = train_discriminator(discriminator, negatives, x,
                                  epochs=int(conf["discriminator-epochs"]),
                                  lr=float(conf["discriminator-lr"]),
@@ -226,6 +257,7 @@ def discriminator_update(message: Message, local: Local) -> Message:
         a, b = calibrate_discriminator(discriminator, negatives, held_out, seed=seed + 1,
                                        device=local.device)
         result.update({"odds-scale": a, "odds-shift": b})
+    result["discriminator-seconds"] = time.perf_counter() - start  # calibration included
     return reply(message, {"num-examples": len(local.x), **result},
                  discriminator=ArrayRecord(discriminator.cpu().state_dict()))
 
