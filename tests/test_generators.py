@@ -66,3 +66,30 @@ def test_a_generator_file_that_does_not_fit_names_both_sides(tmp_path, damage, m
         torch.save(entry, path)
     with pytest.raises(ConfigError, match=message):
         load_generator_file(path, shape)
+
+
+def test_a_pretrained_stand_in_learns_only_from_images_no_run_of_its_seed_reads(
+        tiny_config, tmp_path, capsys):
+    """G2's stand-in (python -m fedgo_lab.pretrain_generator): trained on the server's half
+    outside U and the validation split, never on a client's images; its file loads for the
+    run's images."""
+    from fedgo_flwr import data
+    from fedgo_lab.pretrain_generator import main, pretraining_indices
+    cfg = tiny_config.replace(strategy="feddf", feddf_published=True, distill_size=100,
+                              val_size=50, seed=1)
+    idx = pretraining_indices(cfg, 300)
+    assert len(set(idx)) == 300
+    assert not set(idx) & set(data.distillation_indices(cfg))
+    assert not set(idx) & set(data.validation_indices(cfg))
+    for p in range(4):
+        assert not set(idx) & set(data.client_indices(cfg, p, 4))
+    with pytest.raises(ValueError, match="only 350 images of the server's half"):
+        pretraining_indices(cfg, 351)
+    dest = tmp_path / "g2.pt"
+    assert main([str(dest), "--images", "64", "--config", f'data-dir="{cfg.data_dir}"',
+                 'strategy="feddf"', "feddf-published=true", "distill-size=100",
+                 "val-size=50", "seed=1", "generator-steps=2",
+                 "generator-width=8"]) == 0
+    assert "64 images, 2 steps" in capsys.readouterr().out
+    g = load_generator_file(dest, (1, 28, 28))
+    assert g.dim == 8 and g.latent_dim == cfg.latent_dim

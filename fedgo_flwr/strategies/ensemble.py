@@ -14,6 +14,7 @@ early stopping on labelled data) overrides `distill_batches` and `distill_studen
 
 from __future__ import annotations
 
+import hashlib
 import time
 from logging import INFO, WARNING
 
@@ -40,7 +41,9 @@ from fedgo_flwr.weighting import WeightRule, with_averaged_member
 # What every ensemble strategy reads and how a results table marks its departures.
 READS = ("distillation",)
 MARKS = (("ensemble-space", "logits", "probabilities"), ("distill-schedule", "cosine", "{} lr"),
-         ("averaged-share", 0.0, "averaged {:g}"), ("distillation-guard", "none", "{} guard"))
+         ("averaged-share", 0.0, "averaged {:g}"), ("distillation-guard", "none", "{} guard"),
+         ("generator-source", "train-on-u", "G: {}"), ("distill-set", "server-data", "{} set"),
+         ("redraw-distill-set", False, "redrawn"))
 
 # Every ensemble strategy's clients: FedAvg's, and FedGAN's local step (a generator source).
 ENSEMBLE_CLIENT = {**CLIENT, TRAIN_FEDGAN: fedgan_update}
@@ -82,7 +85,9 @@ class EnsembleDistillation(FedAvgStrategy):
             self.u = draw_images(self.generator(), self.cfg.distill_size, self.cfg.seed,
                                  self.setup.device)
             self.record.data["pre_fl"]["distillation_set"] = {
-                "generated": len(self.u), "redrawn": self.cfg.redraw_distill_set}
+                "generated": len(self.u), "redrawn": self.cfg.redraw_distill_set,
+                # equal digests: two runs distilled on the same images (FedGO and FedDF)
+                "sha256": hashlib.sha256(self.u.numpy().tobytes()).hexdigest()}
             log(INFO, "pre-FL: distillation set of %d images drawn from G", len(self.u))
 
     def redraw_distillation_set(self, server_round: int) -> None:
