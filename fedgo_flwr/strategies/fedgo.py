@@ -167,21 +167,23 @@ class FedGO(EnsembleDistillation):
         log(INFO, "pre-FL: odds on U cached for %d clients (Phi in [%.3g, %.3g], mean %.3g, "
             "%s)", len(self.row), stats["min"], stats["max"], stats["mean"], cap)
 
-    def odds_on(self, x: torch.Tensor, discriminators: dict, views: int, name: str
-                ) -> torch.Tensor:
+    def odds_on(self, x: torch.Tensor, discriminators: dict, views: int, name: str,
+                stage: str = "pre-FL") -> torch.Tensor:
         """log Phi_k on each view of images x, [K, views, N], rows in self.row's order."""
         rows = []
         for p in self.row:
             d, cal = discriminators[p]
             rows.append(torch.stack([log_odds(d, x, device=self.setup.device, flip=v == 1,
                                               calibration=cal) for v in range(views)]))
-        log(INFO, "odds of %d clients on %s (%d images)", len(rows), name, len(x))
+            log(INFO, "%s: odds of partition %d on %s (%d/%d)", stage, p, name, len(rows),
+                len(self.row))
         return torch.stack(rows)
 
     def distillation_set_changed(self, server_round: int) -> None:
         start = time.perf_counter()
         self.cached_u_log_odds = self.odds_on(self.u, self.discriminators, self.views,
-                                              "the redrawn distillation set")
+                                              "the redrawn distillation set",
+                                              f"round {server_round}")
         self.record.time("odds", time.perf_counter() - start, server_round)
 
     # With a redrawn set D_k go into the checkpoints too: a resumed run scores its new sets.
