@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from fedgo_flwr.aggregation import AGGREGATORS, Aggregation
 from fedgo_flwr.data import DATASETS, PARTITIONERS, dataset_name_problem
 from fedgo_flwr.distill import DISTILL_SETS, ENSEMBLE_SPACES, GUARDS
 from fedgo_flwr.gan import CALIBRATIONS, NEGATIVES
@@ -125,6 +126,18 @@ class Config:
     round_timeout: float = key(3600.0, "seconds a round (and the pre-FL exchange) waits for "
                                "replies; who did not answer is logged and recorded", POSITIVE,
                                ("rounds",))
+    # --- aggregation (fedgo_flwr/aggregation.py)
+    aggregator: str = key("mean", "how the round's client models become one model (the model "
+                          "FedAvg keeps and distillation starts from): mean (n_k-weighted, the "
+                          "papers'), or Flower's robust median, trimmed-mean, krum, multi-krum, "
+                          "bulyan", OneOf(AGGREGATORS), ("rounds",))
+    aggregator_byzantine: int = key(0, "f, the Byzantine models among a round's that krum, "
+                                    "multi-krum and bulyan tolerate (bulyan needs 4f + 3 "
+                                    "models a round)", NON_NEGATIVE, ("rounds",))
+    aggregator_select: int = key(0, "models multi-krum averages; 0 = n - f", NON_NEGATIVE,
+                                 ("rounds",))
+    aggregator_trim: float = key(0.2, "share of each tail trimmed-mean cuts per coordinate",
+                                 Allowed("in [0, 0.5)", lambda v: 0 <= v < 0.5), ("rounds",))
     # --- nodes, checkpoints
     join_timeout: float = key(300.0, "seconds to wait for every partition's node before the "
                               "pre-FL stage; then the run goes on with those that answered",
@@ -290,6 +303,11 @@ class Config:
     @property
     def effective_partition_seed(self) -> int:
         return self.seed if self.partition_seed < 0 else self.partition_seed
+
+    @property
+    def aggregation(self) -> Aggregation:
+        return Aggregation(self.aggregator, self.aggregator_byzantine, self.aggregator_select,
+                           self.aggregator_trim)
 
     @property
     def calibrated_odds(self) -> bool:

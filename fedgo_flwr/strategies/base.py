@@ -23,6 +23,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 from torch import nn
 
+from fedgo_flwr.aggregation import aggregate, mean
 from fedgo_flwr.client_context import Local, config_of, reply
 from fedgo_flwr.models import create_classifier, require_feature_space
 from fedgo_flwr.seeds import client_seed, round_seed
@@ -88,14 +89,8 @@ class ClientModel:
 
 
 def weighted_average(models: list[ClientModel], template: dict[str, torch.Tensor]) -> dict:
-    """theta_s^t = sum_k n_k / sum_i n_i * theta_k^t, in float64, cast back to each tensor's
-    dtype (integer buffers such as BatchNorm's num_batches_tracked stay integers)."""
-    total = sum(m.num_examples for m in models)
-    out = {}
-    for name, ref in template.items():
-        acc = sum(m.state[name].double() * (m.num_examples / total) for m in models)
-        out[name] = (acc.round() if not ref.is_floating_point() else acc).to(ref.dtype)
-    return out
+    """theta_s^t = sum_k n_k / sum_i n_i * theta_k^t (aggregation.mean)."""
+    return mean([m.state for m in models], [m.num_examples for m in models], template)
 
 
 class FedAvgStrategy(FedAvg):
@@ -312,8 +307,18 @@ class FedAvgStrategy(FedAvg):
                 server_round)
             return None, None
         start = time.perf_counter()
-        averaged = weighted_average(models, template)
+        result = aggregate([m.state for m in models], [m.num_examples for m in models],
+                           template, self.cfg.aggregation)
         self.record.time("aggregation", time.perf_counter() - start, server_round)
+        if result is None:
+            log(WARNING, "round %d: %d usable models are too few for aggregator %s; the server "
+                "model is unchanged", server_round, len(models), self.cfg.aggregator)
+            self.record.round(server_round)["aggregation"] = {"kept_previous": True}
+            return None, None
+        if result.selected is not None:  # who Krum's rules kept
+            self.record.round(server_round)["aggregation"] = {
+                "selected": [models[i].partition_id for i in result.selected]}
+        averaged = result.state
         state = self.server_update(server_round, averaged, models)
         reported = [m for m in models if isinstance(m.metrics.get("train-loss"), (int, float))]
         loss = (sum(m.num_examples * m.metrics["train-loss"] for m in reported)
