@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from fedgo_flwr.aggregation import AGGREGATORS, Aggregation
+from fedgo_flwr.attacks import ATTACKS, well_formed_ids
 from fedgo_flwr.data import DATASETS, PARTITIONERS, dataset_name_problem
 from fedgo_flwr.distill import DISTILL_SETS, ENSEMBLE_SPACES, GUARDS
 from fedgo_flwr.gan import CALIBRATIONS, NEGATIVES
@@ -34,7 +35,7 @@ from fedgo_flwr.weighting import WEIGHTINGS
 __all__ = ["Config", "ConfigError", "GROUPS", "check", "choice"]
 
 # Groups of keys: a key's first group is its section in the reference. Every strategy reads
-# the first five; the others are read by the strategies that name them (StrategySpec.reads),
+# the first six; the others are read by the strategies that name them (StrategySpec.reads),
 # and a strategy's own keys form a group of its name.
 GROUPS = {
     "run": "What runs",
@@ -42,12 +43,13 @@ GROUPS = {
     "rounds": "Main FL rounds",
     "nodes": "Nodes, checkpoints and resume",
     "device": "Where the server computes",
+    "robustness": "Robust aggregation and Byzantine clients",
     "distillation": "The server update every ensemble strategy shares",
     "weighting": "FedGO's weighting rule",
     "generator": "The generator G (FedGO's pre-FL stage, DaFKD)",
     "pre-fl": "FedGO's pre-FL stage (Algorithm 3)",
 }
-EVERY_STRATEGY = ("run", "data", "rounds", "nodes", "device")
+EVERY_STRATEGY = ("run", "data", "rounds", "nodes", "device", "robustness")
 
 
 @dataclass(frozen=True)
@@ -130,14 +132,27 @@ class Config:
     aggregator: str = key("mean", "how the round's client models become one model (the model "
                           "FedAvg keeps and distillation starts from): mean (n_k-weighted, the "
                           "papers'), or Flower's robust median, trimmed-mean, krum, multi-krum, "
-                          "bulyan", OneOf(AGGREGATORS), ("rounds",))
+                          "bulyan", OneOf(AGGREGATORS), ("robustness",))
     aggregator_byzantine: int = key(0, "f, the Byzantine models among a round's that krum, "
                                     "multi-krum and bulyan tolerate (bulyan needs 4f + 3 "
-                                    "models a round)", NON_NEGATIVE, ("rounds",))
+                                    "models a round)", NON_NEGATIVE, ("robustness",))
     aggregator_select: int = key(0, "models multi-krum averages; 0 = n - f", NON_NEGATIVE,
-                                 ("rounds",))
+                                 ("robustness",))
     aggregator_trim: float = key(0.2, "share of each tail trimmed-mean cuts per coordinate",
-                                 Allowed("in [0, 0.5)", lambda v: 0 <= v < 0.5), ("rounds",))
+                                 Allowed("in [0, 0.5)", lambda v: 0 <= v < 0.5),
+                                 ("robustness",))
+    attack: str = key("none", "what the Byzantine clients do (fedgo_flwr/attacks.py): none, "
+                      "discriminator-max (the paper's), sign-flip, scale, gaussian, label-flip, "
+                      "inflate-examples", OneOf(ATTACKS), ("robustness",))
+    byzantine_clients: int = key(0, "how many clients lie: a seeded choice of that many "
+                                 "partitions", NON_NEGATIVE, ("robustness",))
+    byzantine_partitions: str = key("", "which clients lie, by partition id (\"0,3,7\"); "
+                                    "instead of byzantine-clients",
+                                    Allowed("a comma-separated list of partition ids",
+                                            well_formed_ids), ("robustness",))
+    attack_scale: float = key(1.0, "s of the attack: sign-flip sends theta_g - s Delta, scale "
+                              "theta_g + s Delta, gaussian theta_g + N(0, s^2)", POSITIVE,
+                              ("robustness",))
     # --- nodes, checkpoints
     join_timeout: float = key(300.0, "seconds to wait for every partition's node before the "
                               "pre-FL stage; then the run goes on with those that answered",
@@ -336,6 +351,15 @@ class Config:
         if self.generator_source == "load" and not self.generator_file:
             raise ConfigError("run-config key 'generator-source' is 'load' and "
                               "'generator-file' is empty: name the generator file")
+        liars = self.byzantine_clients > 0 or bool(self.byzantine_partitions.strip())
+        if self.byzantine_clients > 0 and self.byzantine_partitions.strip():
+            raise ConfigError("run-config keys 'byzantine-clients' and 'byzantine-partitions' "
+                              "both name the liars: set one")
+        if (self.attack == "none") == liars:
+            raise ConfigError(f"run-config key 'attack' is {self.attack!r} while "
+                              f"'byzantine-clients' is {self.byzantine_clients} and "
+                              f"'byzantine-partitions' is {self.byzantine_partitions!r}: name "
+                              "both the attack and the clients that make it, or neither")
         if self.redraw_distill_set and self.distill_set != "generated":
             raise ConfigError("run-config key 'redraw-distill-set' is true and 'distill-set' "
                               f"is {self.distill_set!r}: only a generated set (distill-set = "

@@ -24,7 +24,9 @@ from flwr.serverapp.strategy import FedAvg
 from torch import nn
 
 from fedgo_flwr.aggregation import aggregate, mean
+from fedgo_flwr.attacks import byzantine_partitions
 from fedgo_flwr.client_context import Local, config_of, reply
+from fedgo_flwr.keys import ConfigError
 from fedgo_flwr.models import create_classifier, require_feature_space
 from fedgo_flwr.seeds import client_seed, round_seed
 from fedgo_flwr.server.clients import (MIN_CLIENTS, Client, ClientDirectory, classes_problem,
@@ -137,6 +139,16 @@ class FedAvgStrategy(FedAvg):
                                        - set(self.clients.partition_ids)),
             "refused": self.clients.refused,
         }
+        if cfg.attack != "none":  # the run's liars (their own clients know it too)
+            try:
+                liars = byzantine_partitions(cfg.byzantine_clients, cfg.byzantine_partitions,
+                                             self.clients.num_partitions, cfg.seed)
+            except ValueError as err:
+                raise ConfigError(f"run-config key {err}") from None
+            self.record.data["clients"]["byzantine"] = {"attack": cfg.attack,
+                                                        "scale": cfg.attack_scale,
+                                                        "partitions": liars}
+            log(WARNING, "Byzantine clients: partitions %s (attack %s)", liars, cfg.attack)
         if self.asks_label_counts:
             self.record.data["clients"]["label_histograms"] = {
                 str(p): list(c.label_histogram) for p, c in self.clients.by_partition.items()}

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from flwr.app import Message
 
+from fedgo_flwr.attacks import attacked
+
 if TYPE_CHECKING:
     from fedgo_flwr.client_context import Local
 
@@ -97,11 +99,13 @@ class Registry(dict):
         return {**base.handlers, **spec.handlers} if base else spec.handlers
 
     def handler(self, cfg, message_type: str) -> Handler:
+        """The run's client handler for this message type, as a Byzantine client of the run
+        (`attack`, `byzantine-clients`) would answer it."""
         handlers = self.handlers(cfg)
         if message_type not in handlers:
             raise RuntimeError(f"strategy {cfg.strategy!r} has no client handler for message "
                                f"type {message_type!r}; it answers {sorted(handlers)}")
-        return handlers[message_type]
+        return attacked(cfg, message_type, handlers[message_type])
 
     def reads(self, name: str, strategy_keys: Mapping[str, Any]) -> set[str]:
         """The groups of keys strategy `name` reads in a run: its own group, what it names,

@@ -1,0 +1,141 @@
+"""Byzantine clients: each attack changes exactly what it says, on the partitions named, through
+the real ClientApp (in process); the record names the liars."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import fedgo_flwr.strategies.base as base
+from client_app.app import app as client_app
+from fedgo_flwr.attacks import INFLATED_EXAMPLES, byzantine_partitions
+from fedgo_flwr.gan import log_odds
+from fedgo_flwr.keys import ConfigError
+from fedgo_flwr.models import Discriminator
+from fedgo_lab.inprocess import InProcessGrid
+from server_app.app import run
+
+pytestmark = pytest.mark.app
+LIAR = 2
+
+
+def _partition(reply):
+    return (reply.metadata.src_node_id - 1000) // 17
+
+
+def _run(cfg, message_type="train"):
+    """One round with every client; the replies of `message_type` by partition, the model
+    each was sent, and the record."""
+    replies = {}
+
+    def capture(reply):
+        if reply.metadata.message_type == message_type and not reply.has_error():
+            replies[_partition(reply)] = reply
+        return reply
+
+    cfg = cfg.replace(fraction_train=1.0, num_server_rounds=1)
+    grid = InProcessGrid(client_app, cfg.to_run_config(), 4, tamper=capture)
+    record = json.loads(run(grid, cfg).read_text())
+    sent = next(m for m in grid.sent if m.metadata.message_type == message_type)
+    return replies, sent, record
+
+
+def _state(message, key="arrays"):
+    return message.content.array_records[key].to_torch_state_dict()
+
+
+def test_the_liars_are_a_seeded_choice_or_a_list():
+    five = byzantine_partitions(5, "", 20, seed=0)
+    assert len(set(five)) == 5 and five == byzantine_partitions(5, "", 20, seed=0)
+    assert five != byzantine_partitions(5, "", 20, seed=1)
+    assert byzantine_partitions(0, "7, 3,3", 20, 0) == [3, 7]
+    assert byzantine_partitions(0, "", 20, 0) == []
+    with pytest.raises(ValueError, match="outside 0..19"):
+        byzantine_partitions(0, "3,20", 20, 0)
+    with pytest.raises(ValueError, match="there are 20"):
+        byzantine_partitions(21, "", 20, 0)
+
+
+def test_attack_and_liars_go_together(tiny_config):
+    with pytest.raises(ConfigError, match="'attack' is 'scale' while 'byzantine-clients' is 0"):
+        tiny_config.replace(attack="scale").validate()
+    with pytest.raises(ConfigError, match="'attack' is 'none' while 'byzantine-clients' is 2"):
+        tiny_config.replace(byzantine_clients=2).validate()
+    with pytest.raises(ConfigError, match="'byzantine-partitions' is 'one'"):
+        tiny_config.replace(attack="scale", byzantine_partitions="one").validate()
+    with pytest.raises(ConfigError, match="both name the liars"):
+        tiny_config.replace(attack="scale", byzantine_clients=1,
+                            byzantine_partitions="0").validate()
+
+
+@pytest.mark.parametrize("attack,s", [("sign-flip", 1.0), ("scale", 10.0), ("gaussian", 0.5)])
+def test_model_attacks_send_what_they_say_and_honest_clients_are_untouched(
+        tiny_config, attack, s):
+    cfg = tiny_config.replace(strategy="fedavg")
+    honest, sent, _ = _run(cfg)
+    lying, sent_again, record = _run(cfg.replace(attack=attack, byzantine_partitions=str(LIAR),
+                                                 attack_scale=s, run_name="attacked"))
+    assert record["clients"]["byzantine"] == {"attack": attack, "scale": s,
+                                              "partitions": [LIAR]}
+    g = _state(sent)
+    assert all(torch.equal(g[k], v) for k, v in _state(sent_again).items())
+    for p in range(4):
+        theirs, ours = _state(honest[p]), _state(lying[p])
+        if p != LIAR:  # the same training, bit for bit
+            assert all(torch.equal(theirs[k], ours[k]) for k in theirs)
+            continue
+        for name, trained in theirs.items():
+            if not trained.is_floating_point():
+                assert torch.equal(ours[name], trained)
+            elif attack == "gaussian":
+                noise = ours[name] - g[name]
+                if noise.numel() > 1000:
+                    assert abs(noise.std().item() - s) < 0.05 * s
+            else:
+                delta = trained - g[name]
+                torch.testing.assert_close(ours[name],
+                                           g[name] + (-s if attack == "sign-flip" else s) * delta)
+
+
+def test_label_flip_trains_the_liar_on_flipped_labels(tiny_config, monkeypatch):
+    seen = {}
+    real = base.train_classifier
+
+    def spy(model, x, y, **kw):
+        seen[len(seen)] = (x.clone(), y.clone())
+        return real(model, x, y, **kw)
+
+    monkeypatch.setattr(base, "train_classifier", spy)
+    cfg = tiny_config.replace(strategy="fedavg", attack="label-flip", byzantine_partitions="1")
+    _run(cfg)
+    from fedgo_flwr import data
+    truth = {p: data.client_data(cfg, p, 4) for p in range(4)}
+    for x, y in seen.values():
+        p = next(p for p, (tx, _) in truth.items() if torch.equal(tx, x))
+        assert torch.equal(y, 9 - truth[p][1] if p == 1 else truth[p][1])
+
+
+def test_an_inflating_client_reports_a_million_examples_everywhere(tiny_config):
+    cfg = tiny_config.replace(strategy="fedavg", attack="inflate-examples",
+                              byzantine_partitions="0,3")
+    replies, _, record = _run(cfg)
+    assert record["clients"]["num_examples"]["0"] == INFLATED_EXAMPLES  # at discovery
+    assert record["clients"]["num_examples"]["1"] < 1000
+    assert replies[3].content.metric_records["metrics"]["num-examples"] == INFLATED_EXAMPLES
+    assert replies[1].content.metric_records["metrics"]["num-examples"] < 1000
+
+
+def test_the_papers_byzantine_discriminator_has_the_highest_odds_everywhere(tiny_config):
+    cfg = tiny_config.replace(attack="discriminator-max", byzantine_partitions=str(LIAR))
+    replies, _, _ = _run(cfg, "train.discriminator")
+    images = torch.randint(0, 256, (64, 1, 28, 28), dtype=torch.uint8)
+    for p, reply in replies.items():
+        d = Discriminator(1, 28, cfg.discriminator_width)
+        d.load_state_dict(_state(reply, "discriminator"))
+        odds = log_odds(d, images, device=torch.device("cpu"))
+        if p == LIAR:  # log Phi = 1: Phi at its cap e on every image
+            torch.testing.assert_close(odds, torch.ones_like(odds), atol=1e-4, rtol=0)
+        else:
+            assert odds.min() < 0.99
+    assert np.isfinite(replies[0].content.metric_records["metrics"]["discriminator-loss"])
