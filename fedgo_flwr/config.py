@@ -20,6 +20,7 @@ from typing import Any, Mapping
 
 from fedgo_flwr.aggregation import AGGREGATORS, Aggregation
 from fedgo_flwr.attacks import ATTACKS, well_formed_ids
+from fedgo_flwr.defences import SCREENS
 from fedgo_flwr.data import DATASETS, PARTITIONERS, dataset_name_problem
 from fedgo_flwr.distill import DISTILL_SETS, ENSEMBLE_SPACES, GUARDS
 from fedgo_flwr.gan import CALIBRATIONS, NEGATIVES
@@ -141,6 +142,16 @@ class Config:
     aggregator_trim: float = key(0.2, "share of each tail trimmed-mean cuts per coordinate",
                                  Allowed("in [0, 0.5)", lambda v: 0 <= v < 0.5),
                                  ("robustness",))
+    sample_size_cap: float = key(0.0, "n_k weighs at most this many times the median n_k of "
+                                 "discovery (a client cannot buy weight by inflating it); "
+                                 "0 = no cap, the papers", NON_NEGATIVE, ("robustness",))
+    discriminator_screen: str = key("none", "FedGO: leave out of the odds each D_k whose odds "
+                                    "on U are saturated, constant or far from the rest "
+                                    "(fedgo_flwr/defences.py); none = the paper",
+                                    OneOf(SCREENS), ("pre-fl",))
+    discriminator_screen_z: float = key(3.5, "robust standard deviations from the median "
+                                        "mean odds beyond which discriminator-screen flags a "
+                                        "D_k", POSITIVE, ("pre-fl",))
     attack: str = key("none", "what the Byzantine clients do (fedgo_flwr/attacks.py): none, "
                       "discriminator-max (the paper's), sign-flip, scale, gaussian, label-flip, "
                       "inflate-examples", OneOf(ATTACKS), ("robustness",))

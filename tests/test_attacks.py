@@ -139,3 +139,62 @@ def test_the_papers_byzantine_discriminator_has_the_highest_odds_everywhere(tiny
         else:
             assert odds.min() < 0.99
     assert np.isfinite(replies[0].content.metric_records["metrics"]["discriminator-loss"])
+
+
+@pytest.mark.parametrize("cap", [0.0, 1.5])
+def test_a_sample_size_cap_bounds_the_weight_of_a_client_reporting_a_million(tiny_config, cap):
+    """Partition 0 reports 10^6 examples: without a cap FedAvg's model is (almost) its model;
+    with sample-size-cap = 1.5 it weighs at most 1.5 x the median n_k of discovery."""
+    import statistics
+    replies = {}
+
+    def capture(reply):
+        if reply.metadata.message_type == "train" and not reply.has_error():
+            replies[_partition(reply)] = _state(reply)
+        return reply
+
+    cfg = tiny_config.replace(strategy="fedavg", attack="inflate-examples",
+                              byzantine_partitions="0", sample_size_cap=cap,
+                              fraction_train=1.0, num_server_rounds=1)
+    grid = InProcessGrid(client_app, cfg.to_run_config(), 4, tamper=capture)
+    path = run(grid, cfg)
+    model = torch.load(path.parent / "model.pt")
+    reported = {int(p): n for p, n in json.loads(path.read_text())["clients"][
+        "num_examples"].items()}
+    assert reported[0] == INFLATED_EXAMPLES
+    bound = int(cap * statistics.median(reported.values())) if cap else INFLATED_EXAMPLES
+    weights = {p: min(n, bound) for p, n in reported.items()}
+    assert (weights[0] < 2 * max(weights[p] for p in (1, 2, 3))) == (cap > 0)
+    for name, value in model.items():
+        if value.is_floating_point():
+            expected = sum(replies[p][name].double() * w for p, w in weights.items()) / sum(
+                weights.values())
+            torch.testing.assert_close(value, expected.float(), rtol=1e-5, atol=1e-6)
+
+
+def test_the_screen_flags_saturated_constant_and_outlying_odds_only():
+    from fedgo_flwr.defences import screen_odds
+    torch.manual_seed(0)
+    honest = torch.rand(8, 500) * 0.6  # log Phi in [0, 0.6): honest odds, no two alike
+    honest[:, :60] = 0.995  # each sure of "its" 12 % of U
+    byzantine = torch.full((1, 500), 0.9999)
+    flat = torch.full((1, 500), 0.3)
+    odd = torch.rand(1, 500) * 0.05  # doubts every image: far below the rest
+    flagged = screen_odds(torch.cat([honest, byzantine, flat, odd]), capped=True, z=3.5)
+    assert set(flagged) == {8, 9, 10}
+    assert flagged[8].startswith("saturated") and flagged[9].startswith("constant")
+    assert flagged[10].startswith("outlier")
+    # with half the discriminators saturated the saturation rule still finds every one
+    many = torch.cat([honest, byzantine.repeat(8, 1)])
+    assert set(screen_odds(many, capped=True, z=3.5)) == set(range(8, 16))
+
+
+@pytest.mark.parametrize("liars", ["2", "0,1"])
+def test_the_screen_leaves_the_papers_byzantine_discriminators_out_and_honest_ones_in(
+        tiny_config, liars):
+    cfg = tiny_config.replace(attack="discriminator-max", byzantine_partitions=liars,
+                              discriminator_screen="odds", distill_size=200)
+    _, _, record = _run(cfg, "train.discriminator")
+    screened = record["pre_fl"]["screened"]
+    assert sorted(screened) == sorted(liars.split(","))
+    assert all(why.startswith("saturated") for why in screened.values())

@@ -102,12 +102,21 @@ def test_a_discriminator_with_a_bad_calibration_is_left_out_of_the_odds(tiny_con
     assert np.isfinite(record["rounds"][-1]["ensemble_test_acc"])
 
 
-def test_two_nodes_claiming_one_partition_fail_fast(tiny_config):
-    grid = InProcessGrid(client_app, tiny_config.to_run_config(), 3)
+def test_two_nodes_claiming_one_partition_fail_fast_or_the_second_is_left_out(tiny_config):
+    cfg = tiny_config.replace(require_all_clients=True)
+    grid = InProcessGrid(client_app, cfg.to_run_config(), 3)
     second = list(grid.nodes)[1]
     grid.nodes[second].node_config["partition-id"] = 0
-    with pytest.raises(RuntimeError, match="partition-id 0 is claimed by nodes"):
-        run(grid, tiny_config)
+    with pytest.raises(RuntimeError, match="partition-id 0 is claimed by nodes .*fix --node"):
+        run(grid, cfg)
+    # without require-all-clients a node lying about its partition cannot stop the run
+    cfg = tiny_config.replace(num_server_rounds=1, join_timeout=3.0)
+    grid = InProcessGrid(client_app, cfg.to_run_config(), 3)
+    grid.nodes[second].node_config["partition-id"] = 0
+    record = json.loads(run(grid, cfg).read_text())["clients"]
+    assert sorted(record["num_examples"]) == ["0", "2"]
+    assert record["refused"] == {
+        f"node {second}": f"partition-id 0 is claimed by nodes {list(grid.nodes)[0]} and {second}"}
 
 
 def test_nodes_that_cannot_load_their_partition_fail_the_run_fast(tiny_config):

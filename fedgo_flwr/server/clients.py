@@ -8,6 +8,7 @@ keyed by the partition id that each node reports, so one seed reproduces a run.
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from dataclasses import dataclass
 from logging import INFO, WARNING
@@ -17,6 +18,7 @@ from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.common.logger import log
 
 from fedgo_flwr.server.mailbox import NO_ANSWER, Mailbox
+from fedgo_flwr.server.replies import count_problem
 
 QUERY_INFO = "query"
 # A round trains at least two clients (as Flower's own strategies do, min_train_nodes = 2):
@@ -39,6 +41,10 @@ class ClientDirectory:
         self.by_partition = {c.partition_id: c for c in sorted(clients, key=lambda c: c.partition_id)}
         self.num_partitions = num_partitions
         self.refused = refused or {}  # partition id -> why it is left out (its classes)
+        # the median n_k at discovery: sample-size-cap's reference (robust while fewer than
+        # half the clients inflate theirs)
+        self.median_examples = statistics.median(
+            c.num_examples for c in self.by_partition.values()) if clients else 0
 
     def __len__(self) -> int:
         return len(self.by_partition)
@@ -90,19 +96,29 @@ def discover_clients(mailbox: Mailbox, timeout: float, poll: float = 2.0,
         new = [n for n in grid.get_node_ids() if n not in asked]
         asked.update(new)
         failed = {}
-        for node, answer in query_nodes(mailbox, new, max(deadline - time.monotonic(), 1.0),
-                                        label_histograms).items():
-            if isinstance(answer, str):
+        answers = query_nodes(mailbox, new, max(deadline - time.monotonic(), 1.0),
+                              label_histograms)
+        if num_partitions is None:  # the federation's K: what most nodes say
+            ks = [a[1] for a in answers.values() if not isinstance(a, str)]
+            num_partitions = max(set(ks), key=ks.count) if ks else None
+        for node, answer in answers.items():
+            if isinstance(answer, str) and not isinstance(answer, Malformed):
                 failed[node] = answer
                 continue
+            why = answer if isinstance(answer, Malformed) else None
+            if why is None and answer[1] != num_partitions:
+                why = f"num-partitions {answer[1]}, the other nodes say {num_partitions}"
+            if why is None and answer[0] in clients:
+                why = (f"partition-id {answer[0]} is claimed by nodes "
+                       f"{clients[answer[0]].node_id} and {node}")
+            if why:  # a misconfigured or lying node
+                if require_all:
+                    raise RuntimeError(f"node {node}: {why}: fix --node-config, or set "
+                                       "require-all-clients = false to leave it out")
+                log(WARNING, "node %d is left out: %s", node, why)
+                refused[f"node {node}"] = str(why)
+                continue
             pid, k, n, hist, names = answer
-            if num_partitions is None:
-                num_partitions = k
-            if k != num_partitions:
-                raise RuntimeError(f"nodes disagree on num-partitions ({k} vs {num_partitions})")
-            if pid in clients:
-                raise RuntimeError(f"partition-id {pid} is claimed by nodes "
-                                   f"{clients[pid].node_id} and {node}: fix --node-config")
             why = classes_problem(names, classes)
             if why:
                 if require_all:
@@ -119,7 +135,7 @@ def discover_clients(mailbox: Mailbox, timeout: float, poll: float = 2.0,
             node, reason = next(iter(failed.items()))
             raise RuntimeError(f"{len(failed)} node(s) could not load their partition, e.g. "
                                f"node {node}: {reason}")
-        if num_partitions is not None and len(clients) + len(refused) == num_partitions:
+        if num_partitions is not None and len(clients) + len(refused) >= num_partitions:
             break
         if time.monotonic() > deadline:
             missing = sorted(set(range(num_partitions or 0)) - set(clients))
@@ -135,6 +151,11 @@ def discover_clients(mailbox: Mailbox, timeout: float, poll: float = 2.0,
     log(INFO, "%d clients, n_k by partition id: %s", len(clients),
         ", ".join(f"{p}: {clients[p].num_examples}" for p in sorted(clients)))
     return ClientDirectory(list(clients.values()), num_partitions, refused)
+
+
+class Malformed(str):
+    """Why a node's info reply is unusable when the reply itself is malformed (the node is
+    left out), as opposed to an error reply (its ClientApp failed: the run stops)."""
 
 
 def query_nodes(mailbox: Mailbox, nodes: list[int], timeout: float,
@@ -155,10 +176,17 @@ def query_nodes(mailbox: Mailbox, nodes: list[int], timeout: float,
             continue
         info = reply.content.metric_records.get("info")
         try:
-            pid, k, n = (int(info[key]) for key in ("partition-id", "num-partitions", "num-examples"))
+            values = [info[key] for key in ("partition-id", "num-partitions", "num-examples")]
+            why = count_problem(values[2]) or next(
+                (f"{v!r} is not a whole number" for v in values if not float(v).is_integer()),
+                None)
+            pid, k, n = map(int, values)
             hist = tuple(int(c) for c in info["label-histogram"]) if label_histograms else None
-        except (TypeError, KeyError, ValueError):
-            answers[node] = f"malformed info reply {info}"
+            why = why or (None if 0 <= pid < k else f"partition-id {pid} not in 0..{k - 1}")
+        except (TypeError, KeyError, ValueError, OverflowError) as err:
+            why = f"{type(err).__name__}: {err}"
+        if why:
+            answers[node] = Malformed(f"malformed info reply ({why})")
             continue
         names = reply.content.config_records.get("classes")
         answers[node] = (pid, k, n, hist, tuple(names["names"]) if names else None)

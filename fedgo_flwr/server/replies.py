@@ -3,6 +3,8 @@ any aggregation reads it (a malformed one is rejected with its reason, never ave
 
 from __future__ import annotations
 
+import math
+
 import torch
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 
@@ -19,8 +21,13 @@ def reply_problem(reply: Message, array_key: str, template: dict[str, torch.Tens
             return why
     metrics = reply.content.metric_records.get("metrics")
     n = metrics.get("num-examples") if isinstance(metrics, MetricRecord) else None
-    if not isinstance(n, (int, float)) or not n > 0:
-        return f"num-examples missing or not positive ({n!r})"
+    return count_problem(n)
+
+
+def count_problem(n) -> str | None:
+    """Why num-examples `n` is not a usable count (a finite number > 0), or None."""
+    if not isinstance(n, (int, float)) or isinstance(n, bool) or not math.isfinite(n) or n <= 0:
+        return f"num-examples missing, not finite or not positive ({n!r})"
     return None
 
 
@@ -32,9 +39,8 @@ def scores_problem(reply: Message, names: list[str]) -> str | None:
     metrics = reply.content.metric_records.get("metrics")
     if not isinstance(metrics, MetricRecord):
         return "no MetricRecord 'metrics'"
-    n = metrics.get("num-examples")
-    if not isinstance(n, (int, float)) or not n > 0:
-        return f"num-examples missing or not positive ({n!r})"
+    if why := count_problem(metrics.get("num-examples")):
+        return why
     for name in names:
         acc = metrics.get(f"{name}-acc")
         if not isinstance(acc, (int, float)) or not 0 <= acc <= 1:

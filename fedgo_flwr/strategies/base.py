@@ -218,8 +218,9 @@ class FedAvgStrategy(FedAvg):
                     or classes_problem(answer[4], self.setup.classes)):
                 continue
             pid, _, n, _, _ = answer
-            old = self.clients.by_partition.get(pid)
-            self.clients.by_partition[pid] = Client(pid, node, n, old and old.label_histogram)
+            old = self.clients.by_partition.get(pid)  # a rejoin cannot raise n_k
+            self.clients.by_partition[pid] = Client(pid, node, min(n, old.num_examples) if old
+                                                    else n, old and old.label_histogram)
             self.rejoin(pid, server_round)
 
     def rejoin(self, pid: int, server_round: int) -> None:
@@ -270,6 +271,18 @@ class FedAvgStrategy(FedAvg):
         carry none."""
         return {}
 
+    def sample_size(self, pid: int, reported: int) -> int:
+        """n_k as a weight: never more than the partition reported at discovery (a reply
+        cannot raise it round by round), and with `sample-size-cap` c > 0 at most c times the
+        median n_k found at discovery."""
+        known = self.clients.by_partition[pid].num_examples
+        n = min(reported, known)
+        if reported > known:
+            log(WARNING, "partition %d reports n_k = %d, more than the %d it reported at "
+                "discovery; weighted by %d", pid, reported, known, n)
+        cap = self.cfg.sample_size_cap
+        return min(n, max(1, int(cap * self.clients.median_examples))) if cap > 0 else n
+
     def collect(self, replies: Iterable[Message], array_key: str,
                 template: dict[str, torch.Tensor], expected: dict[int, int],
                 extras: dict[str, dict[str, torch.Tensor]] | None = None
@@ -295,8 +308,8 @@ class FedAvgStrategy(FedAvg):
             seen.add(pid)
             metrics = dict(reply.content.metric_records["metrics"])
             arrays = {k: a.to_torch_state_dict() for k, a in reply.content.array_records.items()}
-            models.append(ClientModel(pid, int(metrics["num-examples"]), arrays.pop(array_key),
-                                      metrics, arrays))
+            models.append(ClientModel(pid, self.sample_size(pid, int(metrics["num-examples"])),
+                                      arrays.pop(array_key), metrics, arrays))
         no_reply = sorted(set(expected.values()) - seen)
         if no_reply:
             log(WARNING, "no reply in time from partitions %s", no_reply)

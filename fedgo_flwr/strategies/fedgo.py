@@ -19,6 +19,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from fedgo_flwr.client_context import Local, config_of, reply
+from fedgo_flwr.defences import screen_odds
 from fedgo_flwr.diagnostics import phi_stats
 from fedgo_flwr.gan import (calibrate_discriminator, generator_negatives, image_negatives,
                             log_odds, train_discriminator)
@@ -71,6 +72,8 @@ class FedGO(EnsembleDistillation):
         super().prepare(grid)
         discriminators = self.collect_discriminators(grid, self.negatives())
         self.cache_odds(discriminators)
+        if self.cfg.discriminator_screen == "odds":
+            discriminators = self.screen(discriminators)
         if self.cfg.redraw_distill_set:
             self.discriminators = discriminators
 
@@ -166,6 +169,25 @@ class FedGO(EnsembleDistillation):
                else f"{100 * stats['share_near_cap']:.0f}% within 1% of the cap e")
         log(INFO, "pre-FL: odds on U cached for %d clients (Phi in [%.3g, %.3g], mean %.3g, "
             "%s)", len(self.row), stats["min"], stats["max"], stats["mean"], cap)
+
+    def screen(self, discriminators: dict) -> dict:
+        """discriminator-screen (fedgo_flwr/defences.py): D_k whose odds on U are saturated,
+        constant or far from the rest leave the odds; their clients train on."""
+        flagged = screen_odds(self.cached_u_log_odds[:, 0], not self.calibrated,
+                              self.cfg.discriminator_screen_z)
+        by_row = {row: p for p, row in self.row.items()}
+        reasons = {by_row[row]: why for row, why in flagged.items()}
+        self.record.data["pre_fl"]["screened"] = {str(p): why for p, why in reasons.items()}
+        for p, why in sorted(reasons.items()):
+            log(WARNING, "pre-FL: the discriminator of partition %d leaves the odds: %s", p, why)
+        kept = [row for row in sorted(by_row) if row not in flagged]
+        if not kept:
+            raise RuntimeError("pre-FL: the screen left no discriminator: "
+                               f"{self.record.data['pre_fl']['screened']}")
+        self.cached_u_log_odds = self.cached_u_log_odds[kept]
+        self.cached_test_log_odds = self.cached_test_log_odds[kept]
+        self.row = {by_row[row]: i for i, row in enumerate(kept)}
+        return {p: d for p, d in discriminators.items() if p in self.row}
 
     def odds_on(self, x: torch.Tensor, discriminators: dict, views: int, name: str,
                 stage: str = "pre-FL") -> torch.Tensor:
