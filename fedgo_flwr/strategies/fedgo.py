@@ -309,4 +309,5 @@ FEDGO = StrategySpec("fedgo", FedGO, {**ENSEMBLE_CLIENT, TRAIN_DISCRIMINATOR: di
                      reads=(*READS, "weighting", "generator", "pre-fl"),
                      marks=(("weighting", "odds", "{}"), ("odds-beta", 1.0, "beta={:g}"),
                             ("discriminator-negatives", "generator", "D vs {}"),
-                            ("discriminator-calibration", "none", "{}"), *MARKS))
+                            ("discriminator-calibration", "none", "{}"),
+                            ("discriminator-screen", "none", "{} screen"), *MARKS))

@@ -45,10 +45,17 @@ class StrategySpec:
     row_name: Callable[[Mapping[str, Any]], str] | None = None
 
     def label(self, config: Mapping[str, Any], name: str | None = None) -> str:
-        marks = [mark.format(config[key]) for key, default, mark in self.marks
+        marks = [mark.format(config[key]) for key, default, mark in (*self.marks, *EVERY_MARK)
                  if config.get(key, default) != default]
         name = name or (self.row_name(config) if self.row_name else self.name)
         return name + (f"[{', '.join(marks)}]" if marks else "")
+
+
+# What every strategy's row says when it departs from the default: the aggregation and the
+# Byzantine clients (fedgo_flwr/aggregation.py, attacks.py).
+EVERY_MARK = (("aggregator", "mean", "{}"), ("sample-size-cap", 0.0, "cap {:g}"),
+              ("attack", "none", "{}"), ("byzantine-clients", 0, "{} liars"),
+              ("byzantine-partitions", "", "liars {}"))
 
 
 class Registry(dict):
