@@ -10,11 +10,18 @@ strategy and no app mentions an attack). `attack` chooses, `attack-scale` is its
     gaussian           sends theta_g + N(0, s^2) on every weight (seeded per round and client)
     label-flip         trains on the labels C - 1 - y
     inflate-examples   reports num-examples = 10^6 in every reply (discovery included)
+    alie, ipm          colluding liars send theta_g + ByzFL's ALittleIsEnough (tau = s) or
+                       InnerProductManipulation (tau = s) of the round's honest updates
 
 The liars: `byzantine-clients = N`, a seeded choice of N of the K partitions, or
 `byzantine-partitions = "0,3,7"`, those. Only floating-point tensors are changed (BatchNorm's
-counters stay as trained). Crafted collusion attacks (ALIE, IPM) need the honest updates of
-others; they are not here.
+counters stay as trained).
+
+ALIE and IPM are omniscient: the liars craft their update from the honest updates of the
+round, which no client sees. In this simulation the server stands in for the colluders: it
+replaces the liars' replies before aggregating (`colluded`, the one attack step outside the
+clients). They use ByzFL's implementations, an optional extra: pip install
+'fedgo-flwr[byzantine]'; every other attack works without it.
 """
 
 from __future__ import annotations
@@ -29,8 +36,9 @@ from flwr.app import ArrayRecord, Message
 from fedgo_flwr.client_context import Local, config_of
 from fedgo_flwr.seeds import client_seed
 
+COLLUDING = ("alie", "ipm")  # crafted from the round's honest updates: `colluded`
 ATTACKS = ("none", "discriminator-max", "sign-flip", "scale", "gaussian", "label-flip",
-           "inflate-examples")
+           "inflate-examples", *COLLUDING)
 INFLATED_EXAMPLES = 10 ** 6
 Handler = Callable[[Message, Local], Message]
 
@@ -56,9 +64,40 @@ def well_formed_ids(ids: str) -> bool:
     return not ids.strip() or all(p.strip().isdigit() for p in ids.split(","))
 
 
+def byzfl_problem() -> str | None:
+    """Why the colluding attacks cannot run here, or None."""
+    try:
+        import byzfl  # noqa: F401
+    except ImportError:
+        return ("needs ByzFL, an optional extra: pip install 'fedgo-flwr[byzantine]' "
+                "(or pip install byzfl==0.0.11)")
+    return None
+
+
+def colluded(attack: str, s: float, states: list[dict[str, torch.Tensor]], liars: list[bool],
+             sent: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+    """ALIE / IPM: each liar's model replaced by theta_g + ByzFL's attack vector on the
+    honest updates theta_k - theta_g (floating-point tensors, flattened as one vector)."""
+    from byzfl import ALittleIsEnough, InnerProductManipulation
+    honest = [s_ for s_, liar in zip(states, liars) if not liar]
+    if not any(liars) or len(honest) < 2:  # ALIE needs a spread of honest updates
+        return states
+    names = [n for n, v in sent.items() if v.is_floating_point()]
+    flat = lambda state: torch.cat([(state[n] - sent[n]).flatten().double()  # noqa: E731
+                                    for n in names])
+    craft = {"alie": ALittleIsEnough, "ipm": InnerProductManipulation}[attack](tau=float(s))
+    vector = craft([flat(h) for h in honest])
+    crafted, start = {}, 0
+    for n in names:
+        size = sent[n].numel()
+        crafted[n] = sent[n] + vector[start:start + size].reshape(sent[n].shape).to(sent[n].dtype)
+        start += size
+    return [{**state, **crafted} if liar else state for state, liar in zip(states, liars)]
+
+
 def attacked(cfg, message_type: str, handler: Handler) -> Handler:
     """`handler`, lying as `attack` says on the Byzantine partitions."""
-    if cfg.attack == "none":
+    if cfg.attack in ("none", *COLLUDING):  # colluders answer honestly; see `colluded`
         return handler
 
     def handle(message: Message, local: Local) -> Message:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from fedgo_flwr.aggregation import AGGREGATORS, Aggregation
-from fedgo_flwr.attacks import ATTACKS, well_formed_ids
+from fedgo_flwr.attacks import ATTACKS, COLLUDING, byzfl_problem, well_formed_ids
 from fedgo_flwr.defences import SCREENS
 from fedgo_flwr.data import DATASETS, PARTITIONERS, dataset_name_problem
 from fedgo_flwr.distill import DISTILL_SETS, ENSEMBLE_SPACES, GUARDS
@@ -154,7 +154,8 @@ class Config:
                                         "D_k", POSITIVE, ("pre-fl",))
     attack: str = key("none", "what the Byzantine clients do (fedgo_flwr/attacks.py): none, "
                       "discriminator-max (the paper's), sign-flip, scale, gaussian, label-flip, "
-                      "inflate-examples", OneOf(ATTACKS), ("robustness",))
+                      "inflate-examples, alie, ipm (ByzFL's, an optional extra)",
+                      OneOf(ATTACKS), ("robustness",))
     byzantine_clients: int = key(0, "how many clients lie: a seeded choice of that many "
                                  "partitions", NON_NEGATIVE, ("robustness",))
     byzantine_partitions: str = key("", "which clients lie, by partition id (\"0,3,7\"); "
@@ -362,6 +363,8 @@ class Config:
         if self.generator_source == "load" and not self.generator_file:
             raise ConfigError("run-config key 'generator-source' is 'load' and "
                               "'generator-file' is empty: name the generator file")
+        if self.attack in COLLUDING and (why := byzfl_problem()):
+            raise ConfigError(f"run-config key 'attack' is {self.attack!r}, which {why}")
         liars = self.byzantine_clients > 0 or bool(self.byzantine_partitions.strip())
         if self.byzantine_clients > 0 and self.byzantine_partitions.strip():
             raise ConfigError("run-config keys 'byzantine-clients' and 'byzantine-partitions' "

@@ -198,3 +198,42 @@ def test_the_screen_leaves_the_papers_byzantine_discriminators_out_and_honest_on
     screened = record["pre_fl"]["screened"]
     assert sorted(screened) == sorted(liars.split(","))
     assert all(why.startswith("saturated") for why in screened.values())
+
+
+@pytest.mark.parametrize("attack", ["alie", "ipm"])
+def test_colluding_liars_send_byzfls_attack_on_the_honest_updates(attack):
+    """ALIE: theta_g + mean + tau * std (ddof 1) of the honest updates; IPM: theta_g - tau x
+    their mean; honest models and integer buffers untouched."""
+    pytest.importorskip("byzfl")
+    from fedgo_flwr.attacks import colluded
+    torch.manual_seed(1)
+    sent = {"w": torch.randn(3, 2), "count": torch.tensor(4)}
+    states = [{"w": sent["w"] + torch.randn(3, 2), "count": torch.tensor(9)} for _ in range(5)]
+    liars = [False, True, False, False, True]
+    out = colluded(attack, 1.5, states, liars, sent)
+    deltas = torch.stack([s["w"] - sent["w"] for s, liar in zip(states, liars) if not liar])
+    expected = (sent["w"] + deltas.mean(0) + 1.5 * deltas.std(0) if attack == "alie"
+                else sent["w"] - 1.5 * deltas.mean(0))
+    for state, before, liar in zip(out, states, liars):
+        torch.testing.assert_close(state["w"], expected if liar else before["w"])
+        assert torch.equal(state["count"], before["count"])
+
+
+def test_an_alie_run_aggregates_the_crafted_models(tiny_config):
+    pytest.importorskip("byzfl")
+    cfg = tiny_config.replace(strategy="fedavg", attack="alie", byzantine_partitions="1",
+                              attack_scale=1.5)
+    honest, sent, record = _run(cfg)
+    assert record["clients"]["byzantine"]["partitions"] == [1]
+    assert record["clients"]["byzantine"]["attack"] == "alie"
+    _, _, clean = _run(tiny_config.replace(strategy="fedavg", run_name="clean"))
+    # the clients answered alike; the server model differs by the crafted one alone
+    assert record["rounds"][1]["server_test_loss"] != clean["rounds"][1]["server_test_loss"]
+    assert np.isfinite(record["rounds"][1]["server_test_loss"])
+
+
+def test_colluding_attacks_without_byzfl_fail_naming_the_extra(tiny_config, monkeypatch):
+    import sys
+    monkeypatch.setitem(sys.modules, "byzfl", None)  # as if it were not installed
+    with pytest.raises(ConfigError, match=r"'attack' is 'ipm', which needs ByzFL.*byzantine"):
+        tiny_config.replace(attack="ipm", byzantine_clients=1).validate()

@@ -12,7 +12,7 @@ they keep the rest.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from logging import INFO, WARNING
 from typing import TYPE_CHECKING, Callable, Iterable
 
@@ -24,7 +24,7 @@ from flwr.serverapp.strategy import FedAvg
 from torch import nn
 
 from fedgo_flwr.aggregation import aggregate, mean
-from fedgo_flwr.attacks import byzantine_partitions
+from fedgo_flwr.attacks import COLLUDING, byzantine_partitions, colluded
 from fedgo_flwr.client_context import Local, config_of, reply
 from fedgo_flwr.keys import ConfigError
 from fedgo_flwr.models import create_classifier, require_feature_space
@@ -117,6 +117,7 @@ class FedAvgStrategy(FedAvg):
         self.mailbox: Mailbox | None = None
         self.absent: set[int] = set()  # partitions that missed their last round
         self._sent_at = 0.0
+        self._sent_state: dict[str, torch.Tensor] = {}
         self._sampled: dict[int, int] = {}  # node id -> partition id of this round
 
     # --- pre-FL
@@ -255,6 +256,7 @@ class FedAvgStrategy(FedAvg):
             entry.setdefault("replies", {})["absent"] = sorted(self.absent)
             log(WARNING, "round %d: partitions %s are absent from sampling", server_round,
                 sorted(self.absent))
+        self._sent_state = arrays.to_torch_state_dict()  # theta_g, for colluding liars
         content = self.train_content(server_round, arrays)
         self.record.sent("main_fl", "down", payload_bytes([content]) * len(pids), server_round)
         log(INFO, "round %d: training on partitions %s", server_round, pids)
@@ -324,6 +326,11 @@ class FedAvgStrategy(FedAvg):
         template = self.setup.new_classifier().state_dict()
         models, tally = self.collect(replies, "arrays", template, self._sampled,
                                      self.train_extras(server_round))
+        if self.cfg.attack in COLLUDING:  # the simulation stands in for omniscient colluders
+            liars = set(self.record.data["clients"]["byzantine"]["partitions"])
+            states = colluded(self.cfg.attack, self.cfg.attack_scale, [m.state for m in models],
+                              [m.partition_id in liars for m in models], self._sent_state)
+            models = [replace(m, state=s) for m, s in zip(models, states)]
         self.record.round(server_round).setdefault("replies", {}).update(tally)
         # Dropped from sampling until they answer again.
         self.absent.update([*tally["missing"], *map(int, tally["failed"])])
