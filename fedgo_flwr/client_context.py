@@ -12,6 +12,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from torch import nn
 
+from fedgo_flwr.architectures import architecture_of
 from fedgo_flwr.data import client_data, dataset
 from fedgo_flwr.data.folder import load_site
 from fedgo_flwr.models import create_classifier
@@ -30,6 +31,7 @@ class Local:
     y: torch.Tensor
     classes: tuple[str, ...]  # class names in label order (the server checks them)
     device: torch.device
+    model: str = ""  # this client's architecture (fedgo_flwr/architectures.py)
 
     @classmethod
     def of(cls, context: Context, cfg: "Config") -> "Local":
@@ -41,13 +43,15 @@ class Local:
         except KeyError as missing:
             raise RuntimeError(f"node config lacks {missing}: start the SuperNode with "
                                "--node-config \"partition-id=<i> num-partitions=<K>\"") from None
+        model = str(context.node_config.get("model") or architecture_of(
+            cfg.client_models, cfg.model, pid, k, cfg.seed))
         own = context.node_config.get("dataset-path")
         if own:
             x, y, classes = load_site(Path(str(own)), cfg.image_size)
         else:
             x, y = client_data(cfg, pid, k)
             classes = dataset(cfg).classes
-        return cls(cfg, pid, k, x, y, tuple(classes), resolve_device())
+        return cls(cfg, pid, k, x, y, tuple(classes), resolve_device(), model)
 
     @property
     def num_classes(self) -> int:
@@ -60,7 +64,7 @@ class Local:
     def classifier(self, message: Message, key: str = "arrays") -> nn.Module:
         """The classifier the server sent (ArrayRecord `key`)."""
         c, h, _ = self.image_shape
-        model = create_classifier(self.cfg.model, c, self.num_classes, h)
+        model = create_classifier(self.model or self.cfg.model, c, self.num_classes, h)
         model.load_state_dict(message.content.array_records[key].to_torch_state_dict())
         return model
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from fedgo_flwr.aggregation import AGGREGATORS, Aggregation
+from fedgo_flwr.architectures import parse_client_models
 from fedgo_flwr.attacks import ATTACKS, COLLUDING, byzfl_problem, well_formed_ids
 from fedgo_flwr.defences import SCREENS
 from fedgo_flwr.data import DATASETS, PARTITIONERS, dataset_name_problem
@@ -34,6 +35,15 @@ from fedgo_flwr.strategies import STRATEGIES
 from fedgo_flwr.weighting import WEIGHTINGS
 
 __all__ = ["Config", "ConfigError", "GROUPS", "check", "choice"]
+
+def client_models_ok(text: str) -> bool:
+    if not text.strip():
+        return True
+    try:
+        return all(model_name_problem(name) is None for name, _ in parse_client_models(text))
+    except ValueError:
+        return False
+
 
 # Groups of keys: a key's first group is its section in the reference. Every strategy reads
 # the first six; the others are read by the strategies that name them (StrategySpec.reads),
@@ -75,11 +85,17 @@ class Config:
                               ("distillation",))
     image_size: int = key(0, "resize every image to this side (bilinear); 0 = as stored (a "
                           "folder's images must then share one size)", NON_NEGATIVE)
-    model: str = key("cnn", "the classifier: cnn (FedAvg's CNN), resnet18, resnet50, vgg11-bn "
-                     "(CIFAR variants, batch norm), or your own as \"package.module:Callable\" "
-                     "(called with channels, num_classes, image_size; returns an nn.Module)",
+    model: str = key("cnn", "the classifier: cnn (FedAvg's CNN), mlp (its 2NN), resnet18, "
+                     "resnet50, vgg11-bn (CIFAR variants, batch norm), or your own as "
+                     "\"package.module:Callable\" (called with channels, num_classes, "
+                     "image_size; returns an nn.Module)",
                      Allowed(f"one of {', '.join(CLASSIFIERS)}, or \"package.module:Callable\"",
                              lambda v: model_name_problem(v) is None))
+    client_models: str = key("", "heterogeneous clients: architectures and their shares of the "
+                             "partitions, \"cnn:0.5,resnet18:0.5\" (a seeded assignment; each "
+                             "architecture has its own global model); empty: every client runs "
+                             "`model`", Allowed("<model>:<share>,... with registered models or "
+                                                "import paths", client_models_ok))
     seed: int = key(0, "fixes the split, the partitions, client sampling and every "
                     "initialisation", NON_NEGATIVE)
     partition_seed: int = key(-1, "seed of the partitioner alone; -1 = `seed`")

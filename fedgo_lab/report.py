@@ -42,6 +42,22 @@ def load_records(*roots: Path) -> list[dict]:
             for p in sorted(Path(root).glob("**/record.json"))]
 
 
+def of_architecture(records: list[dict], architecture: str) -> list[dict]:
+    """The records as if each mixed run's server were its `architecture` global model alone
+    (its rounds' server accuracy and loss); runs without that architecture are left out,
+    homogeneous runs of it kept as they are."""
+    chosen = []
+    for rec in records:
+        if any("architectures" in r for r in rec["rounds"]):
+            rounds = [{**r, **r["architectures"][architecture]} for r in rec["rounds"]
+                      if architecture in r.get("architectures", {})]
+            if rounds:
+                chosen.append({**rec, "rounds": rounds})
+        elif rec["config"].get("model", "cnn") == architecture:
+            chosen.append(rec)
+    return chosen
+
+
 def mean_std(values: list[float]) -> str:
     if not values:
         return "-"
@@ -393,13 +409,19 @@ def main(argv: list[str] | None = None) -> int:
                         help="per-seed differences of this row (as the tables name it, e.g. "
                              "'fedgo[beta=4]') to every other row, in the last round, over the "
                              "last three and over all rounds")
+    parser.add_argument("--architecture", metavar="MODEL",
+                        help="in mixed federations (client-models), report this "
+                             "architecture's global model (its server accuracy and loss)")
     parser.add_argument("--update", type=Path, metavar="FILE.md",
                         help="rewrite in place every table of FILE.md the report makes (found by "
                              "its header row), e.g. docs/results.md")
     args = parser.parse_args(argv)
     records = load_records(*args.dirs)
+    if args.architecture:
+        records = of_architecture(records, args.architecture)
     if not records:
-        print(f"no record.json under {[str(d) for d in args.dirs]}")
+        print(f"no record.json under {[str(d) for d in args.dirs]}"
+              + (f" with architecture {args.architecture!r}" if args.architecture else ""))
         return 1
     if args.diagnostics:
         with_diagnostics = [r for r in records if any("diagnostics" in x for x in r["rounds"])]

@@ -15,6 +15,7 @@ from flwr.app import ArrayRecord, Context
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
+from fedgo_flwr.architectures import parse_client_models
 from fedgo_flwr.config import Config, ConfigError
 from fedgo_flwr.data import dataset, server_data, validation_data
 from fedgo_flwr.models import classifier_fits
@@ -72,7 +73,9 @@ def run(grid: Grid, cfg: Config) -> Path:
             "no effect on this run", ", ".join(unread), cfg.strategy)
 
     data = dataset(cfg)
-    classifier_fits(cfg.model, data.image_shape, data.num_classes, cfg.dataset)
+    mixed = parse_client_models(cfg.client_models) if cfg.client_models.strip() else []
+    for model in {cfg.model, *(name for name, _ in mixed)}:
+        classifier_fits(model, data.image_shape, data.num_classes, cfg.dataset)
     u, test_x, test_y = server_data(cfg)
     val_x, val_y = validation_data(cfg)
     setup = ServerSetup(cfg, u, test_x, test_y, data.num_classes,
@@ -94,8 +97,7 @@ def run(grid: Grid, cfg: Config) -> Path:
         log(INFO, "resuming %s after round %d from %s", run_name, resumed["round"], path)
     else:
         strategy.prepare(grid)
-        torch.manual_seed(cfg.seed)  # theta_s^0 depends on the seed alone
-        arrays = ArrayRecord(setup.new_classifier().state_dict())
+        arrays = strategy.initial_model()  # theta_s^0 (of each architecture): the seed alone
         first_round = 1
 
     def save(server_round: int, arrays: ArrayRecord) -> None:

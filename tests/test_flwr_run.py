@@ -324,3 +324,28 @@ def test_each_row_of_table_2_runs_through_flwr_run(row, tiny_data_dir, tmp_path,
     assert generator.get("source", "train-on-u") == preset["generator-source"]
     assert ("distillation_set" in record["pre_fl"]) == (preset["distill-set"] == "generated")
     assert record["rounds"][1]["ensemble_test_acc"] >= 0
+
+
+@pytest.mark.parametrize("strategy", ["fedgo", "feddf"])
+def test_two_architectures_run_through_flwr_run(strategy, tiny_data_dir, tmp_path,
+                                                isolated_flwr):
+    """Half the clients the CNN, half a user's network, one round through the real runtime:
+    both global models trained and distilled from the ensemble of all three clients."""
+    env, results = isolated_flwr, tmp_path / "results"
+    (tmp_path / "user_nets.py").write_text(USER_NET)
+    env = {**env, "PYTHONPATH": f"{tmp_path}{os.pathsep}{env.get('PYTHONPATH', '')}"}
+    run = _flwr_run(env, tmp_path, (
+        f'data-dir="{tiny_data_dir}" results-dir="{results}" run-name="mixed" '
+        f'strategy="{strategy}" client-models="cnn:0.5,user_nets:TinyNet:0.5" '
+        'num-server-rounds=1 fraction-train=1.0 local-epochs=1 server-epochs=1 '
+        'generator-steps=1 generator-width=8 discriminator-width=8 discriminator-epochs=1 '
+        'distill-size=0 test-size=0 alpha=0.5'))
+    out = run.stdout + run.stderr
+    assert _status(env, tmp_path, out) == "finished:completed", out[-3000:]
+    record = json.loads((results / "mixed" / "record.json").read_text())
+    assert sorted(set(record["clients"]["architectures"].values())) == [
+        "cnn", "user_nets:TinyNet"]
+    assert set(record["rounds"][1]["architectures"]) == {"cnn", "user_nets:TinyNet"}
+    assert record["rounds"][1]["ensemble_test_acc"] >= 0
+    model = torch.load(results / "mixed" / "model.pt")
+    assert {name.split("/")[0] for name in model} == {"cnn", "user_nets:TinyNet"}

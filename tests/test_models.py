@@ -36,7 +36,7 @@ def test_double_sigmoid_keeps_d_and_odds_bounded():
 
 
 def test_unknown_model_names_the_registered_ones():
-    with pytest.raises(ConfigError, match="'model' is 'vgg'; allowed: cnn, resnet18"):
+    with pytest.raises(ConfigError, match="'model' is 'vgg'; allowed: cnn, mlp, resnet18"):
         create_classifier("vgg", 1, 10, 28)
 
 

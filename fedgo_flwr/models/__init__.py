@@ -14,12 +14,13 @@ import torch
 from torch import nn
 
 from fedgo_flwr.keys import ConfigError
-from fedgo_flwr.models.classifiers import CNN, VGG11BN, ResNet18, ResNet50
+from fedgo_flwr.models.classifiers import CNN, MLP, VGG11BN, ResNet18, ResNet50
 from fedgo_flwr.models.feature import FeatureGenerator
 from fedgo_flwr.models.gan import GENERATOR_SIDES, Critic, Discriminator, Generator, generator_fits
 
 CLASSIFIERS: dict[str, Callable[..., nn.Module]] = {
     "cnn": CNN,
+    "mlp": MLP,
     "resnet18": ResNet18,
     "resnet50": ResNet50,
     "vgg11-bn": VGG11BN,

@@ -33,6 +33,28 @@ class CNN(nn.Module):
         return self.head(self.features(x))
 
 
+class MLP(nn.Module):
+    """The 2NN of McMahan et al. (two hidden layers of 200, ReLU): a second, cheap architecture
+    for mixed federations (client-models) on small images."""
+
+    latent_dim = 200
+
+    def __init__(self, in_channels: int = 1, num_classes: int = 10, image_size: int = 28):
+        super().__init__()
+        self.fc1 = nn.Linear(in_channels * image_size ** 2, 200)
+        self.fc2 = nn.Linear(200, 200)
+        self.fc3 = nn.Linear(200, num_classes)
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        return F.relu(self.fc2(F.relu(self.fc1(x.flatten(1)))))
+
+    def head(self, z: torch.Tensor) -> torch.Tensor:
+        return self.fc3(z)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))
+
+
 class BasicBlock(nn.Module):
     expansion = 1
 

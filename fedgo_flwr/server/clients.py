@@ -33,6 +33,7 @@ class Client:
     node_id: int
     num_examples: int
     label_histogram: tuple[int, ...] | None = None  # sent only for diagnostics
+    model: str = ""  # its architecture, as it reports it
 
 
 class ClientDirectory:
@@ -118,7 +119,7 @@ def discover_clients(mailbox: Mailbox, timeout: float, poll: float = 2.0,
                 log(WARNING, "node %d is left out: %s", node, why)
                 refused[f"node {node}"] = str(why)
                 continue
-            pid, k, n, hist, names = answer
+            pid, k, n, hist, names, model = answer
             why = classes_problem(names, classes)
             if why:
                 if require_all:
@@ -128,7 +129,7 @@ def discover_clients(mailbox: Mailbox, timeout: float, poll: float = 2.0,
                 log(WARNING, "node %d (partition %d) is left out: %s", node, pid, why)
                 refused[str(pid)] = why
                 continue
-            clients[pid] = Client(pid, node, n, hist)
+            clients[pid] = Client(pid, node, n, hist, model)
         if failed:
             # Loading a partition is deterministic: a node that failed once is not asked again,
             # so waiting for it would only run into the timeout.
@@ -162,7 +163,7 @@ def query_nodes(mailbox: Mailbox, nodes: list[int], timeout: float,
                 label_histograms: bool = False
                 ) -> dict[int, tuple | str]:
     """node id -> (partition id, num-partitions, n_k, label histogram or None, class names
-    or None) for each node
+    or None, architecture or "") for each node
     that answered the query in time, or the reason its answer is unusable (its ClientApp
     failed, or the reply is malformed). Nodes that did not answer are left out."""
     ask = RecordDict({"config": config_record(label_histogram=label_histograms)})
@@ -189,7 +190,9 @@ def query_nodes(mailbox: Mailbox, nodes: list[int], timeout: float,
             answers[node] = Malformed(f"malformed info reply ({why})")
             continue
         names = reply.content.config_records.get("classes")
-        answers[node] = (pid, k, n, hist, tuple(names["names"]) if names else None)
+        model = reply.content.config_records.get("model")
+        answers[node] = (pid, k, n, hist, tuple(names["names"]) if names else None,
+                         str(model["name"]) if model else "")
     return answers
 
 

@@ -24,6 +24,7 @@ from flwr.serverapp.strategy import FedAvg
 from torch import nn
 
 from fedgo_flwr.aggregation import aggregate, mean
+from fedgo_flwr.architectures import join, split
 from fedgo_flwr.attacks import COLLUDING, byzantine_partitions, colluded
 from fedgo_flwr.client_context import Local, config_of, reply
 from fedgo_flwr.keys import ConfigError
@@ -68,9 +69,10 @@ class ServerSetup:
     def image_shape(self) -> tuple[int, int, int]:
         return tuple(self.u.shape[1:])  # type: ignore[return-value]
 
-    def new_classifier(self) -> nn.Module:
+    def new_classifier(self, architecture: str = "") -> nn.Module:
+        """A classifier of `architecture` (default: the run's `model`)."""
         c, h, _ = self.image_shape
-        return create_classifier(self.cfg.model, c, self.num_classes, h)
+        return create_classifier(architecture or self.cfg.model, c, self.num_classes, h)
 
     def latent_dim(self, strategy: str) -> int:
         """The width of the classifier's latent layer, for a strategy that works on it (a
@@ -99,6 +101,9 @@ class FedAvgStrategy(FedAvg):
     """FedAvg (McMahan et al.), the baseline every other strategy extends."""
 
     has_ensemble = False
+    # Clients of different architectures (fedgo_flwr/architectures.py): FedAvg and FedProx
+    # average each architecture among its own clients; a strategy that cannot says why.
+    mixes_architectures = True
     needs_label_counts = False  # clients send their label counts at discovery (FedGO's
     # class-count rule; the diagnostics' label oracle asks for them too)
     # Attributes that carry from one round to the next (modules, optimisers and schedulers by
@@ -114,6 +119,7 @@ class FedAvgStrategy(FedAvg):
         self.fraction_evaluate, self.min_evaluate_nodes = 0.0, 0
         self.setup, self.cfg, self.record = setup, cfg, record
         self.clients: ClientDirectory | None = None
+        self.architectures: list[str] = [cfg.model]  # found at discovery
         self.mailbox: Mailbox | None = None
         self.absent: set[int] = set()  # partitions that missed their last round
         self._sent_at = 0.0
@@ -150,9 +156,49 @@ class FedAvgStrategy(FedAvg):
                                                         "scale": cfg.attack_scale,
                                                         "partitions": liars}
             log(WARNING, "Byzantine clients: partitions %s (attack %s)", liars, cfg.attack)
+        self.architectures = sorted({self.architecture(p) for p in self.clients.partition_ids})
+        if self.heterogeneous:
+            self.record.data["clients"]["architectures"] = {
+                str(p): self.architecture(p) for p in self.clients.partition_ids}
+            log(INFO, "architectures: %s", ", ".join(
+                f"{a} ({sum(self.architecture(p) == a for p in self.clients.partition_ids)} "
+                "clients)" for a in self.architectures))
+            if why := self.mixed_problem():
+                raise ConfigError(f"the clients run {', '.join(self.architectures)}: {why}")
         if self.asks_label_counts:
             self.record.data["clients"]["label_histograms"] = {
                 str(p): list(c.label_histogram) for p, c in self.clients.by_partition.items()}
+
+    # --- architectures (one global model per architecture in a mixed federation)
+    def architecture(self, pid: int) -> str:
+        return self.clients.by_partition[pid].model or self.cfg.model
+
+    @property
+    def heterogeneous(self) -> bool:
+        return len(self.architectures) > 1
+
+    def mixed_problem(self) -> str | None:
+        """Why this run cannot mix architectures, or None."""
+        if not self.mixes_architectures:
+            return (f"strategy {self.cfg.strategy!r} works in one model's feature space and "
+                    "cannot mix architectures; use fedavg, fedprox, feddf or fedgo")
+        return None
+
+    def globals_of(self, state: dict) -> dict[str, dict]:
+        """{architecture: its global model} of the joined global state."""
+        return split(state, self.architectures) if self.heterogeneous else {
+            self.architectures[0]: state}
+
+    def joined(self, states: dict[str, dict]) -> dict:
+        return join(states) if self.heterogeneous else next(iter(states.values()))
+
+    def initial_model(self) -> ArrayRecord:
+        """theta_s^0 of every architecture, each from the seed alone."""
+        states = {}
+        for a in self.architectures:
+            torch.manual_seed(self.cfg.seed)
+            states[a] = self.setup.new_classifier(a).state_dict()
+        return ArrayRecord(self.joined(states))
 
     @property
     def asks_label_counts(self) -> bool:
@@ -218,10 +264,15 @@ class FedAvgStrategy(FedAvg):
             if (isinstance(answer, str) or answer[1] != self.clients.num_partitions
                     or classes_problem(answer[4], self.setup.classes)):
                 continue
-            pid, _, n, _, _ = answer
+            pid, _, n, _, _, model = answer
             old = self.clients.by_partition.get(pid)  # a rejoin cannot raise n_k
+            if (old and model != old.model) or (model or self.cfg.model) not in self.architectures:
+                log(WARNING, "node %d answers for partition %d with architecture %r, not the "
+                    "one it had or one of the run's (%s): left out", node, pid, model,
+                    ", ".join(self.architectures))
+                continue
             self.clients.by_partition[pid] = Client(pid, node, min(n, old.num_examples) if old
-                                                    else n, old and old.label_histogram)
+                                                    else n, old and old.label_histogram, model)
             self.rejoin(pid, server_round)
 
     def rejoin(self, pid: int, server_round: int) -> None:
@@ -257,11 +308,20 @@ class FedAvgStrategy(FedAvg):
             log(WARNING, "round %d: partitions %s are absent from sampling", server_round,
                 sorted(self.absent))
         self._sent_state = arrays.to_torch_state_dict()  # theta_g, for colluding liars
-        content = self.train_content(server_round, arrays)
-        self.record.sent("main_fl", "down", payload_bytes([content]) * len(pids), server_round)
+        # each client gets its architecture's global model
+        contents = ({a: self.train_content(server_round, ArrayRecord(g))
+                     for a, g in self.globals_of(self._sent_state).items()}
+                    if self.heterogeneous else
+                    {self.architectures[0]: self.train_content(server_round, arrays)})
+        down = {a: payload_bytes([c]) * sum(self.architecture(p) == a for p in pids)
+                for a, c in contents.items()}
+        self.record.sent("main_fl", "down", sum(down.values()), server_round)
+        if self.heterogeneous:
+            entry["bytes_by_architecture"] = {a: {"down": n} for a, n in down.items()}
         log(INFO, "round %d: training on partitions %s", server_round, pids)
         self._sent_at = time.perf_counter()
-        return [Message(content, dst_node_id=n, message_type="train") for n in self._sampled]
+        return [Message(contents[self.architecture(p)], dst_node_id=n, message_type="train")
+                for n, p in self._sampled.items()]
 
     def reply_problem(self, reply: Message, array_key: str, template: dict[str, torch.Tensor],
                       extras: dict[str, dict[str, torch.Tensor]] | None = None) -> str | None:
@@ -286,11 +346,13 @@ class FedAvgStrategy(FedAvg):
         return min(n, max(1, int(cap * self.clients.median_examples))) if cap > 0 else n
 
     def collect(self, replies: Iterable[Message], array_key: str,
-                template: dict[str, torch.Tensor], expected: dict[int, int],
+                template: dict[str, torch.Tensor] | Callable[[int], dict[str, torch.Tensor]],
+                expected: dict[int, int],
                 extras: dict[str, dict[str, torch.Tensor]] | None = None
                 ) -> tuple[list[ClientModel], dict]:
-        """The usable replies as ClientModels (`extras`, name -> template: more arrays each
-        must carry, kept in ClientModel.extras), and the tally of the partitions asked:
+        """The usable replies as ClientModels (`template`: the arrays' names and shapes, or a
+        function of the partition id giving them; `extras`, name -> template: more arrays
+        each must carry, kept in ClientModel.extras), and the tally of the partitions asked:
         missing (no reply in time), failed (an error reply: the node or its ClientApp
         failed) and rejected (a reply that fails the checks), the last two with the reason;
         each is logged."""
@@ -300,7 +362,8 @@ class FedAvgStrategy(FedAvg):
             node = self.mailbox.node_of(reply)
             pid = expected.get(node)
             why = ("not asked this round" if pid is None else "duplicate reply" if pid in seen
-                   else self.reply_problem(reply, array_key, template, extras))
+                   else self.reply_problem(reply, array_key, template(pid) if callable(template)
+                                           else template, extras))
             if why:
                 log(WARNING, "rejected reply from node %d (partition %s): %s", node, pid, why)
                 if pid is not None and pid not in seen:
@@ -323,14 +386,17 @@ class FedAvgStrategy(FedAvg):
         replies = list(replies)
         self.record.time("client_training", time.perf_counter() - self._sent_at, server_round)
         self.record.sent("main_fl", "up", payload_bytes(replies), server_round)
-        template = self.setup.new_classifier().state_dict()
-        models, tally = self.collect(replies, "arrays", template, self._sampled,
-                                     self.train_extras(server_round))
-        if self.cfg.attack in COLLUDING:  # the simulation stands in for omniscient colluders
-            liars = set(self.record.data["clients"]["byzantine"]["partitions"])
-            states = colluded(self.cfg.attack, self.cfg.attack_scale, [m.state for m in models],
-                              [m.partition_id in liars for m in models], self._sent_state)
-            models = [replace(m, state=s) for m, s in zip(models, states)]
+        if self.heterogeneous:
+            by_arch = self.record.round(server_round).setdefault("bytes_by_architecture", {})
+            for reply in replies:
+                pid = self._sampled.get(self.mailbox.node_of(reply))
+                if pid is not None:
+                    up = by_arch.setdefault(self.architecture(pid), {})
+                    up["up"] = up.get("up", 0) + payload_bytes([reply])
+        templates = {a: self.setup.new_classifier(a).state_dict() for a in self.architectures}
+        models, tally = self.collect(replies, "arrays",
+                                     lambda pid: templates[self.architecture(pid)],
+                                     self._sampled, self.train_extras(server_round))
         self.record.round(server_round).setdefault("replies", {}).update(tally)
         # Dropped from sampling until they answer again.
         self.absent.update([*tally["missing"], *map(int, tally["failed"])])
@@ -339,19 +405,39 @@ class FedAvgStrategy(FedAvg):
                 server_round)
             return None, None
         start = time.perf_counter()
-        result = aggregate([m.state for m in models], [m.num_examples for m in models],
-                           template, self.cfg.aggregation)
+        previous, averaged = self.globals_of(self._sent_state), {}
+        for a in self.architectures:
+            group = [m for m in models if self.architecture(m.partition_id) == a]
+            if self.cfg.attack in COLLUDING:  # the simulation stands in for the colluders
+                liars = set(self.record.data["clients"]["byzantine"]["partitions"])
+                states = colluded(self.cfg.attack, self.cfg.attack_scale,
+                                  [m.state for m in group],
+                                  [m.partition_id in liars for m in group], previous[a])
+                group = [replace(m, state=s_) for m, s_ in zip(group, states)]
+                models = [next((g for g in group if g.partition_id == m.partition_id), m)
+                          for m in models]
+            result = aggregate([m.state for m in group], [m.num_examples for m in group],
+                               templates[a], self.cfg.aggregation) if group else None
+            if result is None:
+                why = (f"{len(group)} usable models are too few for aggregator "
+                       f"{self.cfg.aggregator}" if group else "no usable model")
+                log(WARNING, "round %d: %s%s; its global model is unchanged", server_round,
+                    why, f" of {a}" if self.heterogeneous else "")
+                self.record.round(server_round).setdefault("aggregation", {})[
+                    "kept_previous"] = [*self.record.round(server_round).get(
+                        "aggregation", {}).get("kept_previous", []), a]
+                if not self.heterogeneous:
+                    return None, None
+                averaged[a] = previous[a]
+                continue
+            if result.selected is not None:  # who Krum's rules kept
+                self.record.round(server_round).setdefault("aggregation", {}).setdefault(
+                    "selected", []).extend(group[i].partition_id for i in result.selected)
+            averaged[a] = result.state
         self.record.time("aggregation", time.perf_counter() - start, server_round)
-        if result is None:
-            log(WARNING, "round %d: %d usable models are too few for aggregator %s; the server "
-                "model is unchanged", server_round, len(models), self.cfg.aggregator)
-            self.record.round(server_round)["aggregation"] = {"kept_previous": True}
-            return None, None
-        if result.selected is not None:  # who Krum's rules kept
-            self.record.round(server_round)["aggregation"] = {
-                "selected": [models[i].partition_id for i in result.selected]}
-        averaged = result.state
-        state = self.server_update(server_round, averaged, models)
+        state = (self.joined(self.update_architectures(server_round, averaged, models))
+                 if self.heterogeneous else
+                 self.server_update(server_round, averaged[self.architectures[0]], models))
         reported = [m for m in models if isinstance(m.metrics.get("train-loss"), (int, float))]
         loss = (sum(m.num_examples * m.metrics["train-loss"] for m in reported)
                 / sum(m.num_examples for m in reported)) if reported else float("nan")
@@ -364,6 +450,12 @@ class FedAvgStrategy(FedAvg):
     def server_update(self, server_round: int, averaged: dict[str, torch.Tensor],
                       models: list[ClientModel]) -> dict[str, torch.Tensor]:
         """What the server does after averaging; FedAvg keeps the average."""
+        return averaged
+
+    def update_architectures(self, server_round: int, averaged: dict[str, dict],
+                             models: list[ClientModel]) -> dict[str, dict]:
+        """A mixed federation's server update ({architecture: its average}); FedAvg keeps
+        each architecture's average."""
         return averaged
 
     # --- checkpoints
@@ -381,17 +473,26 @@ class FedAvgStrategy(FedAvg):
                 setattr(self, name, state[name])
 
     # --- central evaluation (after each round, and for round 0)
-    def test_metrics(self, state: dict[str, torch.Tensor]) -> tuple[float, float]:
+    def test_metrics(self, state: dict[str, torch.Tensor],
+                     architecture: str = "") -> tuple[float, float]:
         """Test accuracy and loss of the classifier with these weights on the test split."""
-        model = self.setup.new_classifier()
+        model = self.setup.new_classifier(architecture)
         model.load_state_dict(state)
         with server_autocast(self.setup.device, self.setup.amp):
             return evaluate(model, self.setup.test_x, self.setup.test_y, device=self.setup.device)
 
     def evaluate_global(self, server_round: int, arrays: ArrayRecord) -> MetricRecord:
         start = time.perf_counter()
-        acc, loss = self.test_metrics(arrays.to_torch_state_dict())
         entry = self.record.round(server_round)
+        if self.heterogeneous:  # each architecture's global model; the row gives their mean
+            scores = {a: self.test_metrics(g, a)
+                      for a, g in self.globals_of(arrays.to_torch_state_dict()).items()}
+            entry["architectures"] = {a: {"server_test_acc": acc, "server_test_loss": loss}
+                                      for a, (acc, loss) in scores.items()}
+            acc = sum(acc for acc, _ in scores.values()) / len(scores)
+            loss = sum(loss for _, loss in scores.values()) / len(scores)
+        else:
+            acc, loss = self.test_metrics(arrays.to_torch_state_dict())
         entry.update(server_test_acc=acc, server_test_loss=loss)
         self.record.time("evaluation", time.perf_counter() - start, server_round or None)
         log(INFO, "%s", round_line(entry))
@@ -400,15 +501,16 @@ class FedAvgStrategy(FedAvg):
 
 # ---------------------------------------------------------------------------- client side
 def info(message: Message, local: Local) -> Message:
-    """Partition id, partition count and n_k (the server keys clients by these) and the class
-    names (the server refuses a node whose classes are not its own); the label histogram only
-    when the server's config asks (diagnostics)."""
+    """Partition id, partition count and n_k (the server keys clients by these), the class
+    names (the server refuses a node whose classes are not its own) and the architecture it
+    runs; the label histogram only when the server's config asks (diagnostics)."""
     reply_ = {"partition-id": local.partition_id, "num-partitions": local.num_partitions,
               "num-examples": len(local.y)}
     if config_of(message).get("label-histogram"):
         reply_["label-histogram"] = torch.bincount(local.y, minlength=local.num_classes).tolist()
     answer = reply(message, reply_, key="info")
     answer.content.config_records["classes"] = ConfigRecord({"names": list(local.classes)})
+    answer.content.config_records["model"] = ConfigRecord({"name": local.model})
     return answer
 
 

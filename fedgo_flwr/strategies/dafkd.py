@@ -108,6 +108,7 @@ def train_domain_aware(model: nn.Module, head: nn.Module, generator: Generator,
 
 # ---------------------------------------------------------------------------- server side
 class DaFKD(EnsembleDistillation):
+    mixes_architectures = False  # one discriminator head on one latent space
     draws_distillation_set = False  # its own, from its collaboratively trained G, every round
     has_discriminators = True
     carried = ("generator", "head")  # the global G and D head; the rest is made each round

@@ -192,6 +192,24 @@ class EnsembleDistillation(FedAvgStrategy):
     # --- the shared round
     def server_update(self, server_round: int, averaged: dict[str, torch.Tensor],
                       models: list[ClientModel]) -> dict[str, torch.Tensor]:
+        (arch,) = self.architectures
+        return self.update_architectures(server_round, {arch: averaged}, models)[arch]
+
+    def mixed_problem(self) -> str | None:
+        cfg = self.cfg
+        unsupported = [key for key, on in (
+            ("diagnostics", cfg.diagnostics), ("averaged-share", cfg.averaged_share > 0),
+            ("distillation-guard", cfg.distillation_guard != "none")) if on]
+        if unsupported:
+            return (f"{', '.join(unsupported)} need one averaged model; a mixed federation has "
+                    "one per architecture: turn them off")
+        return super().mixed_problem()
+
+    def update_architectures(self, server_round: int, averaged: dict[str, dict],
+                             models: list[ClientModel]) -> dict[str, dict]:
+        """Pseudo-label the distillation set once with the ensemble of all the round's
+        teachers (whatever their architecture) and distil each architecture's average on
+        it; `averaged`: {architecture: its average} (one entry in a homogeneous run)."""
         if self.generated_set and self.cfg.redraw_distill_set and server_round > 1:
             self.redraw_distillation_set(server_round)  # round 1 uses the pre-FL stage's
         u, cfg = self.u, self.cfg
@@ -203,18 +221,23 @@ class EnsembleDistillation(FedAvgStrategy):
             return averaged
         nets = []
         for m in models:
-            net = self.setup.new_classifier()
+            net = self.setup.new_classifier(self.architecture(m.partition_id))
             net.load_state_dict(m.state)
             nets.append(net)
         n_k = torch.tensor([m.num_examples for m in models], dtype=torch.float32)
         client_rule = self.round_weighting(models)
-        average = self.setup.new_classifier()
-        average.load_state_dict(averaged)
+        mixed = self.heterogeneous  # no averaged-model teacher, diagnostics or guard
+        if not mixed:
+            (single,) = averaged.values()
+            average = self.setup.new_classifier()
+            average.load_state_dict(single)
         member = cfg.averaged_share > 0  # the averaged model as the last teacher
         weighting = (with_averaged_member(client_rule, cfg.averaged_share) if member
                      else client_rule)
-        student = self.setup.new_classifier()
-        student.load_state_dict(averaged)
+        students = {}
+        for arch, state in averaged.items():
+            students[arch] = self.setup.new_classifier(arch)
+            students[arch].load_state_dict(state)
         batches = self.distill_batches(server_round)
 
         def view_scores(v: int, samples: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -232,10 +255,15 @@ class EnsembleDistillation(FedAvgStrategy):
             self.record.time("pseudo_labelling", seconds, server_round)
             log(INFO, "round %d: pseudo-labels of %d teachers on U (%.1fs); distilling, %d "
                 "steps", server_round, len(models), seconds, len(batches))
-            info = self.distill_student(server_round, student, targets, batches)
-            self.record.time("distillation", info["seconds"], server_round)
-            log(INFO, "round %d: distilled (%.1fs)", server_round, info.pop("seconds"))
-            entry.update(info)
+            for arch, student in students.items():
+                info = self.distill_student(server_round, student, targets, batches)
+                self.record.time("distillation", info["seconds"], server_round)
+                log(INFO, "round %d: distilled%s (%.1fs)", server_round,
+                    f" {arch}" if mixed else "", info.pop("seconds"))
+                if mixed:
+                    entry.setdefault("distill_by_architecture", {})[arch] = info
+                else:
+                    entry.update(info)
 
         start = time.perf_counter()
         test_logits, log_odds = self.test_scores(models, nets)
@@ -255,12 +283,14 @@ class EnsembleDistillation(FedAvgStrategy):
                 averaged_logits=average_logits[0],
                 capped=not cfg.calibrated_odds)
             # what FedAvg keeps this round, where distillation started (`averaged` is unchanged)
-            avg_acc, avg_loss = self.test_metrics(averaged)
+            avg_acc, avg_loss = self.test_metrics(single)
             entry["diagnostics"]["averaged"] = {"acc": avg_acc, "loss": avg_loss}
         self.record.time("evaluation", time.perf_counter() - start, server_round)
-        distilled = {k: v.detach().cpu() for k, v in student.state_dict().items()}
+        distilled = {arch: {k: v.detach().cpu() for k, v in student.state_dict().items()}
+                     for arch, student in students.items()}
         if cfg.distillation_guard == "clients" and batches:
-            return self.guard(server_round, averaged, distilled)
+            (arch,) = distilled
+            return {arch: self.guard(server_round, single, distilled[arch])}
         return distilled
 
     def guard(self, server_round: int, averaged: dict[str, torch.Tensor],

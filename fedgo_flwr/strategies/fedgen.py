@@ -97,6 +97,7 @@ def train_feature_generator(generator: FeatureGenerator, classifiers: list[nn.Mo
 
 # ---------------------------------------------------------------------------- server side
 class FedGen(FedAvgStrategy):
+    mixes_architectures = False  # G_w generates features of one architecture's latent space
     carried = ("generator", "optimizer", "schedule", "prior")
 
     def __init__(self, setup: ServerSetup, record: RunRecord):

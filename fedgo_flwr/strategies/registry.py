@@ -51,9 +51,9 @@ class StrategySpec:
         return name + (f"[{', '.join(marks)}]" if marks else "")
 
 
-# What every strategy's row says when it departs from the default: the aggregation and the
-# Byzantine clients (fedgo_flwr/aggregation.py, attacks.py).
-EVERY_MARK = (("aggregator", "mean", "{}"), ("sample-size-cap", 0.0, "cap {:g}"),
+# What every strategy's row says when it departs from the default: mixed architectures, the
+# aggregation and the Byzantine clients (architectures.py, aggregation.py, attacks.py).
+EVERY_MARK = (("client-models", "", "{}"), ("aggregator", "mean", "{}"), ("sample-size-cap", 0.0, "cap {:g}"),
               ("attack", "none", "{}"), ("byzantine-clients", 0, "{} liars"),
               ("byzantine-partitions", "", "liars {}"))
 
