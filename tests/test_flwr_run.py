@@ -349,3 +349,13 @@ def test_two_architectures_run_through_flwr_run(strategy, tiny_data_dir, tmp_pat
     assert record["rounds"][1]["ensemble_test_acc"] >= 0
     model = torch.load(results / "mixed" / "model.pt")
     assert {name.split("/")[0] for name in model} == {"cnn", "user_nets:TinyNet"}
+    assert "pseudo-labels of 3 teachers" in out  # the ensemble spans both architectures
+    sys.path.insert(0, str(tmp_path))
+    try:
+        from fedgo_flwr.models import create_classifier
+        for arch in ("cnn", "user_nets:TinyNet"):  # each global model moved from its start
+            torch.manual_seed(0)
+            start = create_classifier(arch, 1, 10, 28).state_dict()
+            assert any(not torch.equal(model[f"{arch}/{k}"], v) for k, v in start.items())
+    finally:
+        sys.path.remove(str(tmp_path))
