@@ -121,3 +121,13 @@ def test_a_run_with_krum_leaves_out_a_scaled_client_model(tiny_config, strategy)
     # FedAvg's mean of a 1000x model is useless; Krum's choice is an honest client's model
     assert records["krum"]["rounds"][1]["server_test_loss"] < records["mean"]["rounds"][1][
         "server_test_loss"]
+
+
+@pytest.mark.app
+def test_a_round_with_too_few_models_for_bulyan_keeps_the_previous_model(tiny_config):
+    cfg = tiny_config.replace(strategy="fedavg", aggregator="bulyan", aggregator_byzantine=1,
+                              fraction_train=1.0, num_server_rounds=1)
+    grid = InProcessGrid(client_app, cfg.to_run_config(), 4)  # 4 < 4f + 3
+    rounds = json.loads(run(grid, cfg).read_text())["rounds"]
+    assert rounds[1]["aggregation"] == {"kept_previous": ["cnn"]}
+    assert rounds[1]["server_test_acc"] == rounds[0]["server_test_acc"]

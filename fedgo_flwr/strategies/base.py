@@ -406,6 +406,7 @@ class FedAvgStrategy(FedAvg):
             return None, None
         start = time.perf_counter()
         previous, averaged = self.globals_of(self._sent_state), {}
+        aggregation = self.record.round(server_round).get("aggregation", {})
         for a in self.architectures:
             group = [m for m in models if self.architecture(m.partition_id) == a]
             if self.cfg.attack in COLLUDING:  # the simulation stands in for the colluders
@@ -423,16 +424,16 @@ class FedAvgStrategy(FedAvg):
                        f"{self.cfg.aggregator}" if group else "no usable model")
                 log(WARNING, "round %d: %s%s; its global model is unchanged", server_round,
                     why, f" of {a}" if self.heterogeneous else "")
-                self.record.round(server_round).setdefault("aggregation", {})[
-                    "kept_previous"] = [*self.record.round(server_round).get(
-                        "aggregation", {}).get("kept_previous", []), a]
+                aggregation.setdefault("kept_previous", []).append(a)
+                self.record.round(server_round)["aggregation"] = aggregation
                 if not self.heterogeneous:
                     return None, None
                 averaged[a] = previous[a]
                 continue
             if result.selected is not None:  # who Krum's rules kept
-                self.record.round(server_round).setdefault("aggregation", {}).setdefault(
-                    "selected", []).extend(group[i].partition_id for i in result.selected)
+                aggregation.setdefault("selected", []).extend(
+                    group[i].partition_id for i in result.selected)
+                self.record.round(server_round)["aggregation"] = aggregation
             averaged[a] = result.state
         self.record.time("aggregation", time.perf_counter() - start, server_round)
         state = (self.joined(self.update_architectures(server_round, averaged, models))
