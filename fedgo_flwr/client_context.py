@@ -4,7 +4,7 @@ strategy; the ClientApp builds the `Local` of each message."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,6 +16,7 @@ from fedgo_flwr.architectures import architecture_of
 from fedgo_flwr.data import client_data, dataset
 from fedgo_flwr.data.folder import load_site
 from fedgo_flwr.models import create_classifier
+from fedgo_flwr.seeds import client_seed
 from fedgo_flwr.train import resolve_device
 
 if TYPE_CHECKING:
@@ -32,6 +33,9 @@ class Local:
     classes: tuple[str, ...]  # class names in label order (the server checks them)
     device: torch.device
     model: str = ""  # this client's architecture (fedgo_flwr/architectures.py)
+    # its personal test split (personal-test-fraction), held out of x, y
+    test_x: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.uint8))
+    test_y: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.long))
 
     @classmethod
     def of(cls, context: Context, cfg: "Config") -> "Local":
@@ -51,7 +55,9 @@ class Local:
         else:
             x, y = client_data(cfg, pid, k)
             classes = dataset(cfg).classes
-        return cls(cfg, pid, k, x, y, tuple(classes), resolve_device(), model)
+        x, y, test_x, test_y = personal_split(x, y, cfg.personal_test_fraction,
+                                              client_seed(cfg.seed, pid))
+        return cls(cfg, pid, k, x, y, tuple(classes), resolve_device(), model, test_x, test_y)
 
     @property
     def num_classes(self) -> int:
@@ -67,6 +73,18 @@ class Local:
         model = create_classifier(self.model or self.cfg.model, c, self.num_classes, h)
         model.load_state_dict(message.content.array_records[key].to_torch_state_dict())
         return model
+
+
+def personal_split(x: torch.Tensor, y: torch.Tensor, fraction: float, seed: int
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(train x, train y, test x, test y): a seeded `fraction` of S_k held out as the client's
+    personal test split (at least one image each side when fraction > 0)."""
+    if fraction <= 0 or len(y) < 2:
+        return x, y, x[:0], y[:0]
+    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed))
+    n = min(len(y) - 1, max(1, round(fraction * len(y))))
+    test, train = order[:n].sort().values, order[n:].sort().values
+    return x[train], y[train], x[test], y[test]
 
 
 def config_of(message: Message) -> ConfigRecord:

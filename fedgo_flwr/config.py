@@ -134,6 +134,11 @@ class Config:
     fraction_train: float = key(0.4, "C: a round trains floor(C K) clients, at least two "
                                 "(all when fewer are present)", FRACTION, ("rounds",))
     local_epochs: int = key(1, "client training epochs a round", NON_NEGATIVE, ("rounds",))
+    personal_test_fraction: float = key(
+        0.0, "share of each client's data held out as its personal test split (seeded; it "
+        "never trains); > 0: after every round each client scores the global model on it, "
+        "recorded as personalised_test_acc (n_k-weighted); 0 = off, every image trains",
+        Allowed("in [0, 1)", lambda v: 0 <= v < 1), ("rounds",))
     batch_size: int = key(64, "client training batch size", AT_LEAST_ONE, ("rounds",))
     lr: float = key(1e-3, "client learning rate", POSITIVE, ("rounds",))
     optimizer: str = key("adam", "how classifiers are trained, by the clients and in the "

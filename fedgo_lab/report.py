@@ -135,6 +135,27 @@ def summary_table(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def personal_table(records: list[dict]) -> str:
+    """Per row and alpha, with personal-test-fraction > 0: the clients' n_k-weighted accuracy
+    on their personal test splits beside the server's test accuracy (last round, and the
+    mean of the last three), mean ± std over seeds."""
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for alpha, recs in by_alpha(records).items():
+        for rec in recs:
+            if all("personalised_test_acc" in r for r in rec["rounds"]):
+                groups[(label(rec), alpha)].append(rec)
+    lines = ["| strategy | alpha | seeds | personalised acc (%) | personalised, last 3 (%) | "
+             "server test acc (%) |", "|---|---|---|---|---|---|"]
+    for (name, alpha), recs in sorted(groups.items()):
+        last3 = [statistics.mean(x["personalised_test_acc"] for x in r["rounds"][-3:])
+                 for r in recs]
+        lines.append(f"| {name} | {alpha:g} | {','.join(str(r['config']['seed']) for r in recs)} "
+                     f"| {mean_std([r['rounds'][-1]['personalised_test_acc'] for r in recs])} "
+                     f"| {mean_std(last3)} "
+                     f"| {mean_std([r['rounds'][-1]['server_test_acc'] for r in recs])} |")
+    return "\n".join(lines)
+
+
 # The windows of the per-seed differences: the last round, the last three, every round.
 SEED_WINDOWS = (1, 3, None)
 
@@ -409,6 +430,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="per-seed differences of this row (as the tables name it, e.g. "
                              "'fedgo[beta=4]') to every other row, in the last round, over the "
                              "last three and over all rounds")
+    parser.add_argument("--personalised", action="store_true",
+                        help="the clients' accuracy on their personal test splits "
+                             "(personal-test-fraction) beside the server's, per row")
     parser.add_argument("--architecture", metavar="MODEL",
                         help="in mixed federations (client-models), report this "
                              "architecture's global model (its server accuracy and loss)")
@@ -433,6 +457,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.communication:
         print(communication_table(records))
+        return 0
+    if args.personalised:
+        print(personal_table(records))
         return 0
     if args.gap:
         print(gap_table(records, of=args.of or FOCUS))

@@ -11,6 +11,7 @@ they keep the rest.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field, replace
 from logging import INFO, WARNING
@@ -35,7 +36,7 @@ from fedgo_flwr.server.clients import (MIN_CLIENTS, Client, ClientDirectory, cla
                                        sample_partitions)
 from fedgo_flwr.server.mailbox import Mailbox
 from fedgo_flwr.server.record import RunRecord, round_line
-from fedgo_flwr.server.replies import payload_bytes, reply_problem
+from fedgo_flwr.server.replies import payload_bytes, reply_problem, scores_problem
 from fedgo_flwr.strategies.registry import StrategySpec
 from fedgo_flwr.teachers import server_autocast
 from fedgo_flwr.train import evaluate, train_classifier
@@ -212,6 +213,7 @@ class FedAvgStrategy(FedAvg):
         `checkpoint(t, arrays)` after each round; returns the final global model."""
         if first_round == 1:
             self.evaluate_global(0, arrays)
+            self.evaluate_personal(0, arrays)
         for t in range(first_round, self.cfg.num_server_rounds + 1):
             log(INFO, "[ROUND %d/%d]", t, self.cfg.num_server_rounds)
             self.refresh(grid, t)
@@ -220,6 +222,7 @@ class FedAvgStrategy(FedAvg):
             new, _ = self.aggregate_train(t, replies)
             arrays = new if new is not None else arrays
             self.evaluate_global(t, arrays)
+            self.evaluate_personal(t, arrays)
             if checkpoint is not None:
                 checkpoint(t, arrays)
         return arrays
@@ -500,6 +503,50 @@ class FedAvgStrategy(FedAvg):
         return MetricRecord({"server-test-acc": acc, "server-test-loss": loss})
 
 
+    def evaluate_personal(self, server_round: int, arrays: ArrayRecord) -> None:
+        """personal-test-fraction > 0: every present client scores the global model (of its
+        architecture; a personalising strategy's clients, their own) on its personal test
+        split; the n_k-weighted accuracy and loss are the round's personalised_test_acc and
+        _loss. Malformed scores are rejected with their reason."""
+        if self.cfg.personal_test_fraction <= 0:
+            return
+        start = time.perf_counter()
+        pids = [p for p in self.clients.partition_ids if p not in self.absent]
+        expected = {self.clients.by_partition[p].node_id: p for p in pids}
+        state = arrays.to_torch_state_dict()
+        contents = {a: RecordDict({"arrays": ArrayRecord(g) if self.heterogeneous else arrays})
+                    for a, g in self.globals_of(state).items()}
+        self.record.sent("personal", "down", sum(payload_bytes([contents[self.architecture(p)]])
+                                                 for p in pids), server_round)
+        replies = self.exchange(
+            [Message(contents[self.architecture(p)], dst_node_id=n, message_type="evaluate")
+             for n, p in expected.items()], expected, f"round {server_round}: personal test",
+            server_round)
+        scores = {}
+        for r in replies:
+            pid = expected.get(self.mailbox.node_of(r))
+            why = "not asked" if pid is None else scores_problem(r, ["eval"])
+            metrics = None if why else r.content.metric_records["metrics"]
+            if metrics is not None and not math.isfinite(metrics.get("eval-loss", math.nan)):
+                why = f"eval-loss {metrics.get('eval-loss')!r} is not a finite number"
+            if why:
+                log(WARNING, "personal test score of node %d (partition %s) rejected: %s",
+                    self.mailbox.node_of(r), pid, why)
+                continue
+            scores[pid] = (metrics["num-examples"], metrics["eval-acc"], metrics["eval-loss"])
+        entry = self.record.round(server_round)
+        if scores:
+            total = sum(n for n, _, _ in scores.values())
+            entry["personalised_test_acc"] = sum(n * a for n, a, _ in scores.values()) / total
+            entry["personalised_test_loss"] = sum(n * l for n, _, l in scores.values()) / total
+            entry["personalised"] = {"clients": len(scores),
+                                     "min_acc": min(a for _, a, _ in scores.values()),
+                                     "max_acc": max(a for _, a, _ in scores.values())}
+            log(INFO, "round %d: personalised test accuracy %.4f (%d clients)", server_round,
+                entry["personalised_test_acc"], len(scores))
+        self.record.time("personal_evaluation", time.perf_counter() - start, server_round)
+
+
 # ---------------------------------------------------------------------------- client side
 def info(message: Message, local: Local) -> Message:
     """Partition id, partition count and n_k (the server keys clients by these), the class
@@ -536,9 +583,11 @@ def train(message: Message, local: Local) -> Message:
 
 
 def evaluate_local(message: Message, local: Local) -> Message:
-    """The global classifier's loss and accuracy on S_k."""
-    acc, loss = evaluate(local.classifier(message), local.x, local.y, device=local.device)
-    return reply(message, {"num-examples": len(local.y), "eval-acc": acc, "eval-loss": loss})
+    """The global classifier's loss and accuracy on the client's personal test split
+    (personal-test-fraction), or on S_k without one."""
+    x, y = (local.test_x, local.test_y) if len(local.test_y) else (local.x, local.y)
+    acc, loss = evaluate(local.classifier(message), x, y, device=local.device)
+    return reply(message, {"num-examples": len(y), "eval-acc": acc, "eval-loss": loss})
 
 
 def evaluate_candidates(message: Message, local: Local) -> Message:
