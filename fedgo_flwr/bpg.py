@@ -1,0 +1,81 @@
+"""FedBPG's server-side pieces, as tensor functions (the strategy that uses them is being
+built; issue 30). Notation of the appendix (seed 004): clients' shared models omega_k, the
+global model omega-bar, the label-conditional generator G(z, y) and its pseudo-data x~.
+
+The appendix's equations 2-4 give the generator's losses; equations 11-14 (the global model's
+tuning) are missing and are reconstructed from its Algorithm 1 and its text:
+
+- authenticity (Eq. 2): sum_k |D_k^y| / |D^y| CE(omega_k(x~), y), averaged over the batch;
+- diversity (Eq. 3, printed garbled as e^{1/(Q+Q)} sum ...): FedGen's form,
+  exp(mean_{i,j} -||x~_i - x~_j|| ||z_i - z_j||);
+- effectiveness (Eq. 4): sum_k |D_k^y| / |D^y| |omega_k(x~) - omega-bar(x~)| (L1 between the
+  softmax outputs). The text wants the difference "emphasized": the generator maximises it,
+  so the generator's loss is L_aut + lambda_div L_div - lambda_eff L_eff (a choice);
+- consensus: per pseudo-sample, client weights exp(-CE_k) normalised over the clients, which
+  multiply the clients' logits (as FedGO's odds weights do) before the softmax;
+- retention: delta_i = CE(omega-bar(x~_i), y_i) - CE(consensus_i, y_i); a pseudo-sample whose
+  consensus beats the global model (delta_i > 0) and whose consensus loss is below zeta is
+  kept for the next round's tuning.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def label_shares(counts: torch.Tensor) -> torch.Tensor:
+    """|D_k^y| / |D^y|: each client's share of each label's data, [K, C] (0 for a label no
+    client holds)."""
+    counts = counts.double()
+    return (counts / counts.sum(0, keepdim=True).clamp_min(1)).float()
+
+
+def authenticity_loss(client_logits: torch.Tensor, y: torch.Tensor,
+                      shares: torch.Tensor) -> torch.Tensor:
+    """Eq. 2: the clients' cross-entropy on (x~, y), each weighted by its share of label y;
+    client_logits [K, N, C], y [N], shares [K, C]."""
+    ce = torch.stack([F.cross_entropy(logits, y, reduction="none") for logits in client_logits])
+    return (shares[:, y] * ce).sum(0).mean()
+
+
+def diversity_loss(x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    """Eq. 3 in FedGen's form: exp(mean over pairs of -||x_i - x_j|| ||z_i - z_j||); low when
+    distant noises give distant pseudo-data."""
+    dx = torch.cdist(x.flatten(1), x.flatten(1))
+    dz = torch.cdist(z.flatten(1), z.flatten(1))
+    return torch.exp(-(dx * dz).mean())
+
+
+def effectiveness_gap(client_logits: torch.Tensor, global_logits: torch.Tensor,
+                      y: torch.Tensor, shares: torch.Tensor) -> torch.Tensor:
+    """Eq. 4: sum_k share_k(y) |softmax(omega_k(x~)) - softmax(omega-bar(x~))|_1, averaged over
+    the batch (the generator maximises it)."""
+    gap = (client_logits.softmax(-1) - global_logits.softmax(-1)).abs().sum(-1)  # [K, N]
+    return (shares[:, y] * gap).sum(0).mean()
+
+
+def generator_loss(client_logits: torch.Tensor, global_logits: torch.Tensor, x: torch.Tensor,
+                   z: torch.Tensor, y: torch.Tensor, shares: torch.Tensor, *,
+                   lambda_div: float, lambda_eff: float) -> torch.Tensor:
+    """L_gen = L_aut + lambda_div L_div - lambda_eff L_eff."""
+    return (authenticity_loss(client_logits, y, shares) + lambda_div * diversity_loss(x, z)
+            - lambda_eff * effectiveness_gap(client_logits, global_logits, y, shares))
+
+
+def consensus(client_logits: torch.Tensor, y: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights [K, N] = softmax_k(-CE(omega_k(x~_i), y_i)), consensus logits [N, C] =
+    sum_k w_ki omega_k(x~_i))."""
+    ce = torch.stack([F.cross_entropy(logits, y, reduction="none") for logits in client_logits])
+    weights = (-ce).softmax(0)
+    return weights, (weights.unsqueeze(-1) * client_logits).sum(0)
+
+
+def retained(global_logits: torch.Tensor, consensus_logits: torch.Tensor, y: torch.Tensor,
+             zeta: float) -> torch.Tensor:
+    """Which pseudo-samples are kept for the next round, [N] bool: the consensus beats the
+    global model on them (delta > 0) and its own loss is below zeta."""
+    global_ce = F.cross_entropy(global_logits, y, reduction="none")
+    consensus_ce = F.cross_entropy(consensus_logits, y, reduction="none")
+    return (global_ce - consensus_ce > 0) & (consensus_ce < zeta)
