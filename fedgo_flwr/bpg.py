@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 
 def label_shares(counts: torch.Tensor) -> torch.Tensor:
@@ -57,10 +58,15 @@ def effectiveness_gap(client_logits: torch.Tensor, global_logits: torch.Tensor,
 
 def generator_loss(client_logits: torch.Tensor, global_logits: torch.Tensor, x: torch.Tensor,
                    z: torch.Tensor, y: torch.Tensor, shares: torch.Tensor, *,
-                   lambda_div: float, lambda_eff: float) -> torch.Tensor:
-    """L_gen = L_aut + lambda_div L_div - lambda_eff L_eff."""
-    return (authenticity_loss(client_logits, y, shares) + lambda_div * diversity_loss(x, z)
-            - lambda_eff * effectiveness_gap(client_logits, global_logits, y, shares))
+                   lambda_div: float, lambda_eff: float
+                   ) -> tuple[torch.Tensor, dict[str, float]]:
+    """L_gen = L_aut + lambda_div L_div - lambda_eff L_eff, and its three parts' values."""
+    parts = {"authenticity": authenticity_loss(client_logits, y, shares),
+             "diversity": diversity_loss(x, z),
+             "effectiveness": effectiveness_gap(client_logits, global_logits, y, shares)}
+    loss = (parts["authenticity"] + lambda_div * parts["diversity"]
+            - lambda_eff * parts["effectiveness"])
+    return loss, {name: value.item() for name, value in parts.items()}
 
 
 def consensus(client_logits: torch.Tensor, y: torch.Tensor
@@ -79,3 +85,24 @@ def retained(global_logits: torch.Tensor, consensus_logits: torch.Tensor, y: tor
     global_ce = F.cross_entropy(global_logits, y, reduction="none")
     consensus_ce = F.cross_entropy(consensus_logits, y, reduction="none")
     return (global_ce - consensus_ce > 0) & (consensus_ce < zeta)
+
+
+def generator_step(generator: nn.Module, optimizer: torch.optim.Optimizer,
+                   clients: list[nn.Module], global_model: nn.Module, shares: torch.Tensor,
+                   label_prior: torch.Tensor, *, batch_size: int, lambda_div: float,
+                   lambda_eff: float, rng: torch.Generator) -> dict[str, float]:
+    """One Adam step of G(z, y) on L_gen: labels drawn from `label_prior` (the clients' label
+    proportions), the clients' shared models and the global model frozen (evaluation mode;
+    their gradients flow to G only)."""
+    generator.train()
+    y = torch.multinomial(label_prior, batch_size, replacement=True, generator=rng)
+    z = torch.randn(batch_size, generator.noise_dim, generator=rng)
+    x = generator(z, y)
+    for net in (*clients, global_model):
+        net.eval().requires_grad_(False)
+    loss, parts = generator_loss(torch.stack([net(x) for net in clients]), global_model(x), x,
+                                 z, y, shares, lambda_div=lambda_div, lambda_eff=lambda_eff)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return parts

@@ -46,9 +46,9 @@ def test_effectiveness_is_zero_when_the_clients_agree_with_the_global_model():
     torch.testing.assert_close(effectiveness_gap(other, g, y, shares), gap)
     # the generator's loss rewards the gap (it is subtracted)
     x, z = torch.randn(4, 2), torch.randn(4, 2)
-    base = generator_loss(other, g, x, z, y, shares, lambda_div=0.0, lambda_eff=0.0)
+    base, _ = generator_loss(other, g, x, z, y, shares, lambda_div=0.0, lambda_eff=0.0)
     torch.testing.assert_close(
-        generator_loss(other, g, x, z, y, shares, lambda_div=0.0, lambda_eff=2.0),
+        generator_loss(other, g, x, z, y, shares, lambda_div=0.0, lambda_eff=2.0)[0],
         base - 2 * gap)
 
 
@@ -73,3 +73,29 @@ def test_a_sample_is_retained_when_the_consensus_beats_the_global_model_within_z
                                                                                False]
     assert retained(global_logits, consensus_logits, y, zeta=2.0).tolist() == [True, False,
                                                                                True]
+
+
+def test_generator_steps_make_the_clients_recognise_the_labels_they_hold():
+    """Frozen linear 'clients' that read a label from the image's mean in one of ten bands:
+    G(z, y) learns to draw images that the clients holding y classify as y."""
+    from torch import nn
+
+    from fedgo_flwr.bpg import generator_step
+    from fedgo_flwr.models import ConditionalGenerator
+
+    class Bands(nn.Module):  # logits: how close the image's mean is to each band's centre
+        def forward(self, x):
+            centres = torch.linspace(-0.9, 0.9, 10)
+            return -50 * (x.mean((1, 2, 3)).unsqueeze(1) - centres) ** 2
+
+    torch.manual_seed(0)
+    g = ConditionalGenerator(8, 10, 1, 28, dim=8)
+    optimizer = torch.optim.Adam(g.parameters(), lr=1e-2, betas=(0.5, 0.999))
+    clients, shares = [Bands(), Bands()], label_shares(torch.ones(2, 10))
+    rng = torch.Generator().manual_seed(1)
+    parts = [generator_step(g, optimizer, clients, Bands(), shares, torch.full((10,), 0.1),
+                            batch_size=32, lambda_div=0.1, lambda_eff=0.0, rng=rng)
+             for _ in range(60)]
+    first = sum(p["authenticity"] for p in parts[:5]) / 5
+    last = sum(p["authenticity"] for p in parts[-5:]) / 5
+    assert last < 0.5 * first

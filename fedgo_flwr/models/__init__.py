@@ -16,7 +16,8 @@ from torch import nn
 from fedgo_flwr.keys import ConfigError
 from fedgo_flwr.models.classifiers import CNN, MLP, VGG11BN, ResNet18, ResNet50
 from fedgo_flwr.models.feature import FeatureGenerator
-from fedgo_flwr.models.gan import GENERATOR_SIDES, Critic, Discriminator, Generator, generator_fits
+from fedgo_flwr.models.gan import (GENERATOR_SIDES, ConditionalGenerator, Critic, Discriminator,
+                                   Generator, generator_fits)
 
 CLASSIFIERS: dict[str, Callable[..., nn.Module]] = {
     "cnn": CNN,
@@ -94,6 +95,6 @@ def require_feature_space(model: nn.Module, strategy: str, name: str) -> None:
             "= head(features(x))) and latent_dim = z's width")
 
 
-__all__ = ["CLASSIFIERS", "CNN", "Critic", "Discriminator", "FeatureGenerator", "Generator",
+__all__ = ["CLASSIFIERS", "CNN", "ConditionalGenerator", "Critic", "Discriminator", "FeatureGenerator", "Generator",
            "GENERATOR_SIDES", "ResNet18", "ResNet50", "VGG11BN", "classifier_fits",
            "create_classifier", "generator_fits", "model_name_problem", "require_feature_space"]

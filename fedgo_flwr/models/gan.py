@@ -62,6 +62,21 @@ class Generator(nn.Module):
         return self(z)
 
 
+class ConditionalGenerator(nn.Module):
+    """G(z, y), label-conditional (FedBPG's data-space generator): the generator above fed the
+    noise and the label's one-hot vector side by side."""
+
+    def __init__(self, noise_dim: int, num_classes: int, channels: int = 1,
+                 image_size: int = 28, dim: int = 64):
+        super().__init__()
+        self.noise_dim, self.num_classes = noise_dim, num_classes
+        self.net = Generator(noise_dim + num_classes, channels, image_size, dim)
+
+    def forward(self, z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self.net(torch.cat([z, nn.functional.one_hot(y, self.num_classes).to(z.dtype)],
+                                  dim=1))
+
+
 class Critic(nn.Module):
     """WGAN-GP critic: strided convolutions, no normalisation (the gradient penalty needs none)."""
 
