@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from logging import INFO
 from pathlib import Path
+from typing import Callable
 
 import torch
 from flwr.common.logger import log
@@ -118,23 +119,30 @@ def train_on_u(cfg, setup, record) -> Generator:
             cfg.generator_steps, root)
         record.data["pre_fl"]["generator"] = {**info, "reused": True}
         return generator.cpu().eval()
-    c, h, _ = setup.image_shape
-    every = max(1, cfg.generator_steps // 10)
-
-    def progress(step: int, w_dist: float, g_loss: float) -> None:
-        if step % every == 0 or step == cfg.generator_steps:
-            log(INFO, "pre-FL: generator step %d/%d | Wasserstein estimate %.3f",
-                step, cfg.generator_steps, w_dist)
-
-    info = train_wgan_gp(generator, Critic(c, h, cfg.generator_width), u,
-                         steps=cfg.generator_steps, critic_steps=cfg.critic_steps,
-                         gp_weight=cfg.gp_weight, lr=cfg.gan_lr, batch_size=cfg.gan_batch_size,
-                         flip=cfg.flip, seed=cfg.seed, device=dev, progress=progress)
+    info = fit_wgan_gp(cfg, generator, u, dev, lambda line: log(INFO, "pre-FL: %s", line))
     record.time("generator_training", info.pop("seconds"))
     if cache:
         save_generator(root, description, generator, info)
     record.data["pre_fl"]["generator"] = {**info, "reused": False}
     return generator.cpu().eval()
+
+
+def fit_wgan_gp(cfg, generator: Generator, images: torch.Tensor, device: torch.device,
+                say: Callable[[str], None]) -> dict:
+    """G1's recipe: WGAN-GP of `generator` on uint8 `images` with the run's GAN keys and
+    seed; `say` gets a progress line every tenth of the steps. Returns train_wgan_gp's info."""
+    c, h, _ = images.shape[1:]
+    every = max(1, cfg.generator_steps // 10)
+
+    def progress(step: int, w_dist: float, g_loss: float) -> None:
+        if step % every == 0 or step == cfg.generator_steps:
+            say(f"generator step {step}/{cfg.generator_steps} | Wasserstein estimate "
+                f"{w_dist:.3f}")
+
+    return train_wgan_gp(generator, Critic(c, h, cfg.generator_width), images,
+                         steps=cfg.generator_steps, critic_steps=cfg.critic_steps,
+                         gp_weight=cfg.gp_weight, lr=cfg.gan_lr, batch_size=cfg.gan_batch_size,
+                         flip=cfg.flip, seed=cfg.seed, device=device, progress=progress)
 
 
 def to_images(x: torch.Tensor) -> torch.Tensor:

@@ -25,9 +25,7 @@ import numpy as np
 import torch
 
 from fedgo_flwr import data
-from fedgo_flwr.gan import train_wgan_gp
-from fedgo_flwr.generators import new_generator, save_generator_file
-from fedgo_flwr.models import Critic
+from fedgo_flwr.generators import fit_wgan_gp, new_generator, save_generator_file
 from fedgo_lab.cli import add_config_flag, config_from
 
 
@@ -45,23 +43,13 @@ def pretraining_indices(cfg, size: int) -> np.ndarray:
 
 def pretrain(cfg, dest: Path, size: int) -> Path:
     images = data.dataset(cfg).train_x[torch.from_numpy(pretraining_indices(cfg, size))]
-    c, h, _ = images.shape[1:]
     torch.manual_seed(cfg.seed)
     generator = new_generator(cfg, images.shape[1:])
-    every = max(1, cfg.generator_steps // 10)
-
-    def progress(step: int, w_dist: float, g_loss: float) -> None:
-        if step % every == 0 or step == cfg.generator_steps:
-            print(f"[pretrain] step {step}/{cfg.generator_steps} | Wasserstein estimate "
-                  f"{w_dist:.3f}", flush=True)
-
-    info = train_wgan_gp(generator, Critic(c, h, cfg.generator_width), images,
-                         steps=cfg.generator_steps, critic_steps=cfg.critic_steps,
-                         gp_weight=cfg.gp_weight, lr=cfg.gan_lr, batch_size=cfg.gan_batch_size,
-                         flip=cfg.flip, seed=cfg.seed, progress=progress)
+    info = fit_wgan_gp(cfg, generator, images, torch.device("cpu"),
+                       lambda line: print(f"[pretrain] {line}", flush=True))
     print(f"[pretrain] {len(images)} images, {cfg.generator_steps} steps, "
           f"{info['seconds']:.0f} s")
-    return save_generator_file(dest, generator.cpu().eval(), c)
+    return save_generator_file(dest, generator.cpu().eval(), images.shape[1])
 
 
 def main(argv: list[str] | None = None) -> int:
