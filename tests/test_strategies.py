@@ -348,3 +348,19 @@ def test_communication_table_counts_every_array_each_way(tiny_config):
     fedgo_main = sum(r["client_seconds"] for r in records["fedgo"]["rounds"] if r["round"] > 0)
     assert rows["fedgo"][9] == f"{fedgo_pre:.1f}"
     assert rows["fedgo"][10] == f"{100 * fedgo_pre / (fedgo_pre + fedgo_main):.1f} %"
+
+
+def test_dafkd_client_trains_a_partition_whose_last_minibatch_holds_one_image():
+    """n_k = 1 mod batch-size: G's BatchNorm still gets two fakes (a real run's partition 14,
+    seed 1, alpha 0.1, failed every round before)."""
+    from fedgo_flwr.models import Generator, create_classifier
+    from fedgo_flwr.strategies.dafkd import discriminator_head, train_domain_aware
+    torch.manual_seed(0)
+    model = create_classifier("cnn", 1, 10, 28)
+    generator = Generator(16, 1, 28, dim=8)
+    x = torch.randint(0, 256, (5, 1, 28, 28), dtype=torch.uint8)
+    out = train_domain_aware(model, discriminator_head(model.latent_dim), generator, x,
+                             torch.arange(5) % 10, epochs=1, batch_size=4, lr=1e-3,
+                             gan_lr=1e-3, train_generator=True, flip=False, seed=0,
+                             device=torch.device("cpu"))
+    assert torch.isfinite(torch.tensor([out["train-loss"], out["generator-loss"]])).all()

@@ -80,11 +80,13 @@ def train_domain_aware(model: nn.Module, head: nn.Module, generator: Generator,
 
     def batch_loss(idx: torch.Tensor) -> torch.Tensor:
         xb = augment(to_unit_range(x[idx]).to(device), gen, flip=flip, crop=crop)
-        z = torch.randn(len(idx), generator.latent_dim, generator=gen).to(device)
+        # At least two fakes: G's BatchNorm cannot train on the one-image last batch that a
+        # partition of n_k = 1 mod batch-size ends with.
+        z = torch.randn(max(len(idx), 2), generator.latent_dim, generator=gen).to(device)
         if train_generator:  # G's step against the current D (which the step below then updates)
             fake = generator(z)
             g_loss = F.binary_cross_entropy_with_logits(head(model.features(fake)).squeeze(1),
-                                                        ones(len(idx)))
+                                                        ones(len(z)))
             opt_g.zero_grad(set_to_none=True)
             g_loss.backward(inputs=list(generator.parameters()))
             opt_g.step()
