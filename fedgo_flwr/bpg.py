@@ -1,5 +1,5 @@
-"""FedBPG's server-side pieces, as tensor functions (the strategy that uses them is being
-built; issue 30). Notation of the appendix (seed 004): clients' shared models omega_k, the
+"""FedBPG's server-side pieces, as tensor functions (fedgo_flwr/strategies/fedbpg.py runs
+them each round). Notation of the appendix (seed 004): clients' shared models omega_k, the
 global model omega-bar, the label-conditional generator G(z, y) and its pseudo-data x~.
 
 The appendix's equations 2-4 give the generator's losses; equations 11-14 (the global model's
@@ -13,9 +13,18 @@ tuning) are missing and are reconstructed from its Algorithm 1 and its text:
   so the generator's loss is L_aut + lambda_div L_div - lambda_eff L_eff (a choice);
 - consensus: per pseudo-sample, client weights exp(-CE_k) normalised over the clients, which
   multiply the clients' logits (as FedGO's odds weights do) before the softmax;
-- retention: delta_i = CE(omega-bar(x~_i), y_i) - CE(consensus_i, y_i); a pseudo-sample whose
-  consensus beats the global model (delta_i > 0) and whose consensus loss is below zeta is
-  kept for the next round's tuning.
+- the tuning loss (Eq. 11): KL(consensus || omega-bar) on each pseudo-sample;
+- delta (Eq. 12): delta_i = CE(omega-bar(x~_i), y_i) - xi_i, xi_i = CE(consensus_i, y_i) being
+  how well the clients' consensus recognises x~_i as y_i (the pseudo-sample's quality);
+- retention (Algorithm 1, lines 5-6): a pseudo-sample whose consensus beats the global model
+  (delta_i > 0) and whose quality passes the threshold (xi_i < zeta) is kept for the next
+  round's tuning, where it comes first (the appendix: zeta = 0 turns retention off);
+- the empirical loss (Algorithm 1, lines 7-8, Eq. 13): where the consensus does not beat the
+  global model (delta_i <= 0) and xi_i < zeta, CE(omega-bar(x~_i), y_i) is added to the KL, so
+  that a consensus worse than the global model does not pull it down ("the empirical loss is
+  added ... in cases where we can ensure the quality of the pseudo-data"). The issue's wording
+  ("plus the empirical loss when the consensus beats the global model") reverses the
+  condition; this follows the appendix's Algorithm 1 and its text.
 """
 
 from __future__ import annotations
@@ -87,21 +96,85 @@ def retained(global_logits: torch.Tensor, consensus_logits: torch.Tensor, y: tor
     return (global_ce - consensus_ce > 0) & (consensus_ce < zeta)
 
 
+def tuning_loss(global_logits: torch.Tensor, client_logits: torch.Tensor, y: torch.Tensor,
+                zeta: float) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+    """(Eq. 13's loss, the retained mask [N], its parts): KL(consensus || omega-bar) averaged
+    over the batch, plus CE(omega-bar(x~_i), y_i) / N on the pseudo-samples where delta_i <= 0
+    and xi_i < zeta. The consensus is fixed (client_logits carry no gradient)."""
+    _, consensus_logits = consensus(client_logits, y)
+    kl = F.kl_div(global_logits.log_softmax(-1), consensus_logits.log_softmax(-1),
+                  log_target=True, reduction="batchmean")
+    ce = F.cross_entropy(global_logits, y, reduction="none")
+    with torch.no_grad():
+        keep = retained(global_logits, consensus_logits, y, zeta)
+        xi = F.cross_entropy(consensus_logits, y, reduction="none")
+        empirical = (ce - xi <= 0) & (xi < zeta)
+    loss = kl + (ce * empirical).sum() / len(y)
+    return loss, keep, {"kl": kl.item(), "empirical_share": empirical.float().mean().item(),
+                        "consensus_acc": (consensus_logits.argmax(-1) == y).float().mean().item()}
+
+
+def tune_global(global_model: nn.Module, clients: list[nn.Module], generator: nn.Module,
+                label_prior: torch.Tensor, kept: tuple[torch.Tensor, torch.Tensor], *,
+                steps: int, batch_size: int, lr: float, zeta: float, retain_max: int,
+                rng: torch.Generator, device: torch.device = torch.device("cpu")
+                ) -> tuple[tuple[torch.Tensor, torch.Tensor], dict]:
+    """Algorithm 1: `steps` Adam steps of the global model on Eq. 13's loss, the pseudo-data
+    of the previous round's retained pool first (in batches), then fresh draws of G(z, y),
+    y ~ label_prior. Returns the new retained pool (x~, y), at most `retain_max` (the latest),
+    and the means of the losses' parts."""
+    generator.to(device).eval()
+    for net in clients:
+        net.to(device).eval().requires_grad_(False)
+    global_model.to(device).train()
+    opt = torch.optim.Adam(global_model.parameters(), lr=lr)
+    pool_x, pool_y = kept
+    new_x, new_y, parts = [], [], []
+    for step in range(steps):
+        start = step * batch_size
+        if start < len(pool_y):
+            x, y = pool_x[start:start + batch_size], pool_y[start:start + batch_size]
+        else:
+            y = torch.multinomial(label_prior, batch_size, replacement=True, generator=rng)
+            with torch.no_grad():
+                x = generator(torch.randn(batch_size, generator.noise_dim, generator=rng)
+                              .to(device), y.to(device)).cpu()
+        x, y = x.to(device), y.to(device)
+        with torch.no_grad():
+            client_logits = torch.stack([net(x) for net in clients])
+        loss, keep, part = tuning_loss(global_model(x), client_logits, y, zeta)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        new_x.append(x[keep].cpu())
+        new_y.append(y[keep].cpu())
+        parts.append({**part, "from_pool": float(start < len(pool_y))})
+    global_model.eval()
+    if new_y:
+        pool_x, pool_y = torch.cat(new_x), torch.cat(new_y)
+        first = max(0, len(pool_y) - retain_max)
+        pool_x, pool_y = pool_x[first:], pool_y[first:]
+    info = {name: sum(p[name] for p in parts) / len(parts) for name in parts[0]} if parts else {}
+    return (pool_x, pool_y), {**info, "retained": len(pool_y)}
+
+
 def generator_step(generator: nn.Module, optimizer: torch.optim.Optimizer,
                    clients: list[nn.Module], global_model: nn.Module, shares: torch.Tensor,
                    label_prior: torch.Tensor, *, batch_size: int, lambda_div: float,
-                   lambda_eff: float, rng: torch.Generator) -> dict[str, float]:
+                   lambda_eff: float, rng: torch.Generator,
+                   device: torch.device = torch.device("cpu")) -> dict[str, float]:
     """One Adam step of G(z, y) on L_gen: labels drawn from `label_prior` (the clients' label
     proportions), the clients' shared models and the global model frozen (evaluation mode;
     their gradients flow to G only)."""
-    generator.train()
-    y = torch.multinomial(label_prior, batch_size, replacement=True, generator=rng)
-    z = torch.randn(batch_size, generator.noise_dim, generator=rng)
+    generator.to(device).train()
+    y = torch.multinomial(label_prior, batch_size, replacement=True, generator=rng).to(device)
+    z = torch.randn(batch_size, generator.noise_dim, generator=rng).to(device)
     x = generator(z, y)
     for net in (*clients, global_model):
-        net.eval().requires_grad_(False)
+        net.to(device).eval().requires_grad_(False)
     loss, parts = generator_loss(torch.stack([net(x) for net in clients]), global_model(x), x,
-                                 z, y, shares, lambda_div=lambda_div, lambda_eff=lambda_eff)
+                                 z, y, shares.to(device), lambda_div=lambda_div,
+                                 lambda_eff=lambda_eff)
     optimizer.zero_grad()
     loss.backward()
     optimizer.step()

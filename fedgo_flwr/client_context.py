@@ -36,6 +36,9 @@ class Local:
     # its personal test split (personal-test-fraction), held out of x, y
     test_x: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.uint8))
     test_y: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.long))
+    # what this node keeps from one message of the run to the next (Flower's context.state):
+    # a personalising strategy's own model
+    state: RecordDict = field(default_factory=RecordDict)
 
     @classmethod
     def of(cls, context: Context, cfg: "Config") -> "Local":
@@ -57,7 +60,8 @@ class Local:
             classes = dataset(cfg).classes
         x, y, test_x, test_y = personal_split(x, y, cfg.personal_test_fraction,
                                               client_seed(cfg.seed, pid))
-        return cls(cfg, pid, k, x, y, tuple(classes), resolve_device(), model, test_x, test_y)
+        return cls(cfg, pid, k, x, y, tuple(classes), resolve_device(), model, test_x, test_y,
+                   context.state)
 
     @property
     def num_classes(self) -> int:
@@ -69,9 +73,13 @@ class Local:
 
     def classifier(self, message: Message, key: str = "arrays") -> nn.Module:
         """The classifier the server sent (ArrayRecord `key`)."""
+        return self.load_classifier(message.content.array_records[key])
+
+    def load_classifier(self, arrays: ArrayRecord) -> nn.Module:
+        """This client's architecture with these weights."""
         c, h, _ = self.image_shape
         model = create_classifier(self.model or self.cfg.model, c, self.num_classes, h)
-        model.load_state_dict(message.content.array_records[key].to_torch_state_dict())
+        model.load_state_dict(arrays.to_torch_state_dict())
         return model
 
 

@@ -40,14 +40,17 @@ def fuse(local: dict[str, torch.Tensor], global_: dict[str, torch.Tensor],
 
 def learn_fusion(local: nn.Module, global_: nn.Module, x: torch.Tensor, y: torch.Tensor, *,
                  steps: int = 20, lr: float = 0.1, batch_size: int = 64, seed: int = 0,
+                 start: dict[str, float] | None = None,
                  device: torch.device = torch.device("cpu")) -> dict[str, float]:
     """The alphas (name -> value in [0, 1]) that fuse `local` and `global_` best on (x, y):
-    `steps` SGD steps on the cross-entropy of the fused model over seeded minibatches."""
+    `steps` SGD steps on the cross-entropy of the fused model over seeded minibatches, from
+    `start` (the client's alphas of its last round; 1 where none)."""
     local.to(device).eval()
     global_.to(device).eval()
     theta_local = {k: v.detach() for k, v in local.state_dict().items()}
     theta_global = {k: v.detach() for k, v in global_.state_dict().items()}
-    alphas = {name: torch.ones((), device=device, requires_grad=True)
+    start = start or {}
+    alphas = {name: torch.tensor(float(start.get(name, 1.0)), device=device, requires_grad=True)
               for name in fusion_keys(local)}
     optimizer = torch.optim.SGD(alphas.values(), lr=lr)
     gen = torch.Generator().manual_seed(seed)

@@ -73,6 +73,11 @@ STRATEGY_RUNS = {
     "fedprox-over-fedgo": ('strategy="fedprox" fedprox-base="fedgo"', "ensemble_test_acc"),
     "fedgen": ('strategy="fedgen" fedgen-generator-steps=3', "generator_loss"),
     "dafkd": ('strategy="dafkd" dafkd-gan-rounds=1', "ensemble_test_acc"),
+    # every client trains in both rounds, so round 2's fusion proves that context.state kept
+    # each node's local model through Ray
+    "fedbpg": ('strategy="fedbpg" personal-test-fraction=0.25 fraction-train=1.0 '
+               "fedbpg-generator-steps=2 fedbpg-tune-steps=2 fedbpg-fusion-steps=2",
+               "personalised_test_acc"),
 }
 
 
@@ -101,6 +106,8 @@ def test_flwr_run_completes_and_writes_the_record(strategy, tiny_data_dir, tmp_p
     assert ("pre_fl_down" in record["bytes"]) == ("fedgo" in overrides)  # FedGO's pre-FL stage
     assert (results / "real" / "model.pt").is_file()
     assert "round 2 | server acc" in out  # progress lines reach the user
+    if strategy == "fedbpg":
+        assert 0 <= record["rounds"][2]["fusion_alpha"] <= 1
 
 
 def _children(pid: int) -> list[int]:

@@ -19,6 +19,11 @@ RESUMABLE = {
     "fedgo": {},
     "fedgen": {"fedgen_generator_steps": 3},
     "dafkd": {"dafkd_gan_rounds": 2},
+    # the server's G, optimiser and retained pseudo-data resume; the clients' own models live
+    # on the clients (a resumed run is a new run: their context.state starts empty), so AF,
+    # which starts from them, is off here
+    "fedbpg": {"personal_test_fraction": 0.25, "fedbpg_adaptive_fusion": False,
+               "fedbpg_generator_steps": 2, "fedbpg_tune_steps": 3, "fedbpg_batch_size": 8},
 }
 
 

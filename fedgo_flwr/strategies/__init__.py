@@ -3,6 +3,7 @@ handlers, declared keys). A new method is one module and one line here."""
 
 from fedgo_flwr.strategies.base import FEDAVG, FedAvgStrategy, ServerSetup
 from fedgo_flwr.strategies.dafkd import DAFKD
+from fedgo_flwr.strategies.fedbpg import FEDBPG
 from fedgo_flwr.strategies.feddf import FEDDF, FedDF
 from fedgo_flwr.strategies.fedgen import FEDGEN
 from fedgo_flwr.strategies.fedgo import FEDGO, FedGO
@@ -17,6 +18,7 @@ for spec in (
     FEDPROX,
     FEDGEN,
     DAFKD,
+    FEDBPG,
 ):
     STRATEGIES.register(spec)
 

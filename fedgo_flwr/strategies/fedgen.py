@@ -34,6 +34,7 @@ from fedgo_flwr.keys import AT_LEAST_ONE, FRACTION, NON_NEGATIVE, POSITIVE, key
 from fedgo_flwr.models import FeatureGenerator
 from fedgo_flwr.seeds import client_seed, round_seed
 from fedgo_flwr.server.record import RunRecord
+from fedgo_flwr.server.replies import label_counts_problem
 from fedgo_flwr.strategies.base import (CLIENT, ClientModel, FedAvgStrategy, ServerSetup,
                                         local_update)
 from fedgo_flwr.strategies.registry import StrategySpec
@@ -131,15 +132,8 @@ class FedGen(FedAvgStrategy):
     def reply_problem(self, reply: Message, array_key: str, template: dict,
                       extras: dict | None = None) -> str | None:
         """Train replies must also carry the client's label counts (c_k), consistent with n_k."""
-        why = super().reply_problem(reply, array_key, template, extras)
-        if why:
-            return why
-        metrics = reply.content.metric_records["metrics"]
-        counts, n = metrics.get("label-counts"), metrics["num-examples"]
-        ok = (isinstance(counts, list) and len(counts) == self.setup.num_classes
-              and all(isinstance(c, int) and c >= 0 for c in counts) and sum(counts) == n)
-        return None if ok else (f"label-counts {counts!r} are not {self.setup.num_classes} "
-                                f"non-negative integers summing to n_k = {n}")
+        return super().reply_problem(reply, array_key, template, extras) or \
+            label_counts_problem(reply.content.metric_records["metrics"], self.setup.num_classes)
 
     def server_update(self, server_round: int, averaged: dict[str, torch.Tensor],
                       models: list[ClientModel]) -> dict[str, torch.Tensor]:
