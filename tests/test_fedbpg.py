@@ -119,3 +119,11 @@ def test_without_ed_and_af_fedbpg_global_model_is_fedavgs(bpg):
 def test_fedbpg_needs_a_personal_test_split(tiny_config):
     with pytest.raises(ConfigError, match="personal-test-fraction.*fedbpg"):
         tiny_config.replace(strategy="fedbpg").validate()
+
+
+def test_rows_name_the_ablations_and_a_partitioner_other_than_dirichlet():
+    from fedgo_flwr.strategies import STRATEGIES
+    spec = STRATEGIES["fedbpg"]
+    assert spec.label({"fedbpg-deep-personalisation": False}) == "fedbpg[w/o DP]"
+    assert spec.label({"partitioner": "pathological"}) == "fedbpg[pathological]"
+    assert STRATEGIES["fedavg"].label({"partitioner": "dirichlet"}) == "fedavg"

@@ -51,9 +51,11 @@ class StrategySpec:
         return name + (f"[{', '.join(marks)}]" if marks else "")
 
 
-# What every strategy's row says when it departs from the default: mixed architectures, the
-# aggregation and the Byzantine clients (architectures.py, aggregation.py, attacks.py).
-EVERY_MARK = (("client-models", "", "{}"), ("aggregator", "mean", "{}"), ("sample-size-cap", 0.0, "cap {:g}"),
+# What every strategy's row says when it departs from the default: a partitioner other than
+# Dirichlet (whose rows' alpha is then unused), mixed architectures, the aggregation and the
+# Byzantine clients (data/split.py, architectures.py, aggregation.py, attacks.py).
+EVERY_MARK = (("partitioner", "dirichlet", "{}"), ("client-models", "", "{}"),
+              ("aggregator", "mean", "{}"), ("sample-size-cap", 0.0, "cap {:g}"),
               ("attack", "none", "{}"), ("byzantine-clients", 0, "{} liars"),
               ("byzantine-partitions", "", "liars {}"))
 
