@@ -6,8 +6,8 @@ The appendix's equations 2-4 give the generator's losses; equations 11-14 (the g
 tuning) are missing and are reconstructed from its Algorithm 1 and its text:
 
 - authenticity (Eq. 2): sum_k |D_k^y| / |D^y| CE(omega_k(x~), y), averaged over the batch;
-- diversity (Eq. 3, printed garbled as e^{1/(Q+Q)} sum ...): FedGen's form,
-  exp(mean_{i,j} -||x~_i - x~_j|| ||z_i - z_j||);
+- diversity (Eq. 3, printed garbled as e^{1/(Q+Q)} sum -||x~_i - x~_j|| ||z_i - z_j||):
+  FedGen's form, per-coordinate means instead of norms (fedgo_flwr/diversity.py);
 - effectiveness (Eq. 4): sum_k |D_k^y| / |D^y| |omega_k(x~) - omega-bar(x~)| (L1 between the
   softmax outputs). The text wants the difference "emphasized": the generator maximises it,
   so the generator's loss is L_aut + lambda_div L_div - lambda_eff L_eff (a choice);
@@ -33,6 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedgo_flwr.diversity import diversity_loss
+
 
 def label_shares(counts: torch.Tensor) -> torch.Tensor:
     """|D_k^y| / |D^y|: each client's share of each label's data, [K, C] (0 for a label no
@@ -49,14 +51,6 @@ def authenticity_loss(client_logits: torch.Tensor, y: torch.Tensor,
     return (shares[:, y] * ce).sum(0).mean()
 
 
-def diversity_loss(x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-    """Eq. 3 in FedGen's form: exp(mean over pairs of -||x_i - x_j|| ||z_i - z_j||); low when
-    distant noises give distant pseudo-data."""
-    dx = torch.cdist(x.flatten(1), x.flatten(1))
-    dz = torch.cdist(z.flatten(1), z.flatten(1))
-    return torch.exp(-(dx * dz).mean())
-
-
 def effectiveness_gap(client_logits: torch.Tensor, global_logits: torch.Tensor,
                       y: torch.Tensor, shares: torch.Tensor) -> torch.Tensor:
     """Eq. 4: sum_k share_k(y) |softmax(omega_k(x~)) - softmax(omega-bar(x~))|_1, averaged over
@@ -71,7 +65,7 @@ def generator_loss(client_logits: torch.Tensor, global_logits: torch.Tensor, x: 
                    ) -> tuple[torch.Tensor, dict[str, float]]:
     """L_gen = L_aut + lambda_div L_div - lambda_eff L_eff, and its three parts' values."""
     parts = {"authenticity": authenticity_loss(client_logits, y, shares),
-             "diversity": diversity_loss(x, z),
+             "diversity": diversity_loss(z, x),
              "effectiveness": effectiveness_gap(client_logits, global_logits, y, shares)}
     loss = (parts["authenticity"] + lambda_div * parts["diversity"]
             - lambda_eff * parts["effectiveness"])

@@ -29,12 +29,23 @@ def test_authenticity_weights_each_clients_cross_entropy_by_its_share_of_the_lab
 
 
 def test_diversity_is_lower_when_distant_noises_give_distant_data():
-    z = torch.tensor([[0.0], [1.0], [2.0]])
-    spread = diversity_loss(torch.tensor([[0.0], [5.0], [10.0]]), z)
-    collapsed = diversity_loss(torch.zeros(3, 1), z)
+    z = torch.tensor([[0.0, 0.0], [1.0, 1.0], [2.0, 2.0]])  # mean squared distance (a - b)^2
+    spread = diversity_loss(z, torch.tensor([[0.0], [5.0], [10.0]]))  # mean |.|: 5 |a - b|
+    collapsed = diversity_loss(z, torch.zeros(3, 1))
     assert collapsed == 1.0 and spread < collapsed
-    pairs = [abs(a - b) * 5 * abs(a - b) for a in range(3) for b in range(3)]
+    pairs = [(a - b) ** 2 * 5 * abs(a - b) for a in range(3) for b in range(3)]
     assert spread.item() == pytest.approx(math.exp(-sum(pairs) / 9))
+
+
+def test_diversity_keeps_a_gradient_on_images():
+    """Per-coordinate means: on 28x28 images in [-1, 1] and 32-wide noise the term is neither
+    0 nor 1 and pushes outputs apart (norms gave exp(-100): no gradient at all)."""
+    torch.manual_seed(0)
+    z = torch.randn(16, 32)
+    x = (0.3 * torch.randn(16, 1, 28, 28)).tanh().requires_grad_(True)
+    loss = diversity_loss(z, x)
+    loss.backward()
+    assert 1e-3 < loss.item() < 0.999 and x.grad.abs().sum() > 0
 
 
 def test_effectiveness_is_zero_when_the_clients_agree_with_the_global_model():

@@ -36,7 +36,8 @@ from fedgo_flwr.server.clients import (MIN_CLIENTS, Client, ClientDirectory, cla
                                        sample_partitions)
 from fedgo_flwr.server.mailbox import Mailbox
 from fedgo_flwr.server.record import RunRecord, round_line
-from fedgo_flwr.server.replies import payload_bytes, reply_problem, scores_problem
+from fedgo_flwr.server.replies import (label_counts_problem, payload_bytes, reply_problem,
+                                       scores_problem)
 from fedgo_flwr.strategies.registry import StrategySpec
 from fedgo_flwr.teachers import server_autocast
 from fedgo_flwr.train import evaluate, train_classifier
@@ -105,6 +106,8 @@ class FedAvgStrategy(FedAvg):
     # Clients of different architectures (fedgo_flwr/architectures.py): FedAvg and FedProx
     # average each architecture among its own clients; a strategy that cannot says why.
     mixes_architectures = True
+    label_counts_in_replies = False  # train replies carry the client's label counts c_k,
+    # consistent with its n_k (FedGen's and FedBPG's per-label client weights)
     needs_label_counts = False  # clients send their label counts at discovery (FedGO's
     # class-count rule; the diagnostics' label oracle asks for them too)
     # Attributes that carry from one round to the next (modules, optimisers and schedulers by
@@ -329,7 +332,9 @@ class FedAvgStrategy(FedAvg):
     def reply_problem(self, reply: Message, array_key: str, template: dict[str, torch.Tensor],
                       extras: dict[str, dict[str, torch.Tensor]] | None = None) -> str | None:
         """Why a reply cannot be used, or None; strategies add checks of what they send."""
-        return reply_problem(reply, array_key, template, extras)
+        return reply_problem(reply, array_key, template, extras) or (
+            label_counts_problem(reply.content.metric_records["metrics"], self.setup.num_classes)
+            if self.label_counts_in_replies else None)
 
     def train_extras(self, server_round: int) -> dict[str, dict[str, torch.Tensor]]:
         """The arrays a train reply carries besides the model (name -> template); FedAvg's

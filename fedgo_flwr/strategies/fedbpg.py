@@ -47,7 +47,6 @@ from fedgo_flwr.keys import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, check, key
 from fedgo_flwr.models import ConditionalGenerator
 from fedgo_flwr.seeds import client_seed, round_seed
 from fedgo_flwr.server.record import RunRecord
-from fedgo_flwr.server.replies import label_counts_problem
 from fedgo_flwr.strategies.base import (CLIENT, ClientModel, FedAvgStrategy, ServerSetup,
                                         local_update)
 from fedgo_flwr.strategies.registry import StrategySpec
@@ -100,6 +99,7 @@ class FedBPG(FedAvgStrategy):
     # G is one image space's generator and the consensus one architecture's: not mixed.
     mixes_architectures = False
     carried = ("generator", "optimizer", "retained_x", "retained_y")
+    label_counts_in_replies = True  # |D_k^y|, for L_aut's and L_eff's shares and p(y)
 
     def __init__(self, setup: ServerSetup, record: RunRecord):
         super().__init__(setup, record)
@@ -112,12 +112,6 @@ class FedBPG(FedAvgStrategy):
                                           betas=(0.5, 0.999))
         self.retained_x = torch.empty(0, c, h, w)  # the pseudo-data kept for the next round
         self.retained_y = torch.empty(0, dtype=torch.long)
-
-    def reply_problem(self, reply: Message, array_key: str, template: dict,
-                      extras: dict | None = None) -> str | None:
-        """Train replies carry the client's label counts |D_k^y|, consistent with n_k."""
-        return super().reply_problem(reply, array_key, template, extras) or \
-            label_counts_problem(reply.content.metric_records["metrics"], self.setup.num_classes)
 
     def server_update(self, server_round: int, averaged: dict[str, torch.Tensor],
                       models: list[ClientModel]) -> dict[str, torch.Tensor]:

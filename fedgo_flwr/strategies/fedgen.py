@@ -30,11 +30,11 @@ from flwr.common.logger import log
 from torch import nn
 
 from fedgo_flwr.client_context import Local, config_of
+from fedgo_flwr.diversity import diversity_loss
 from fedgo_flwr.keys import AT_LEAST_ONE, FRACTION, NON_NEGATIVE, POSITIVE, key
 from fedgo_flwr.models import FeatureGenerator
 from fedgo_flwr.seeds import client_seed, round_seed
 from fedgo_flwr.server.record import RunRecord
-from fedgo_flwr.server.replies import label_counts_problem
 from fedgo_flwr.strategies.base import (CLIENT, ClientModel, FedAvgStrategy, ServerSetup,
                                         local_update)
 from fedgo_flwr.strategies.registry import StrategySpec
@@ -55,14 +55,6 @@ class FedGenKeys:
     alpha: float = key(10.0, "clients add alpha decay^t CE(head(G_w(y, eps)), y), y from the "
                        "label prior", NON_NEGATIVE)
     decay: float = key(0.98, "per-round decay of alpha and of G_w's learning rate", FRACTION)
-
-
-def diversity_loss(eps: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-    """exp(-mean_ij d_eps(i, j) d_z(i, j)): small when distinct noises give distinct features
-    (mode seeking, Mao et al. 2019); d_eps mean squared, d_z mean absolute difference."""
-    d_eps = (eps.unsqueeze(0) - eps.unsqueeze(1)).pow(2).mean(-1)
-    d_z = (z.unsqueeze(0) - z.unsqueeze(1)).abs().mean(-1)
-    return torch.exp(-(d_eps * d_z).mean())
 
 
 def train_feature_generator(generator: FeatureGenerator, classifiers: list[nn.Module],
@@ -100,6 +92,7 @@ def train_feature_generator(generator: FeatureGenerator, classifiers: list[nn.Mo
 class FedGen(FedAvgStrategy):
     mixes_architectures = False  # G_w generates features of one architecture's latent space
     carried = ("generator", "optimizer", "schedule", "prior")
+    label_counts_in_replies = True
 
     def __init__(self, setup: ServerSetup, record: RunRecord):
         super().__init__(setup, record)
@@ -128,12 +121,6 @@ class FedGen(FedAvgStrategy):
                          "label-prior": self.prior.tolist(), "noise-dim": keys.noise_dim,
                          "hidden-dim": keys.hidden_dim})
         return conf
-
-    def reply_problem(self, reply: Message, array_key: str, template: dict,
-                      extras: dict | None = None) -> str | None:
-        """Train replies must also carry the client's label counts (c_k), consistent with n_k."""
-        return super().reply_problem(reply, array_key, template, extras) or \
-            label_counts_problem(reply.content.metric_records["metrics"], self.setup.num_classes)
 
     def server_update(self, server_round: int, averaged: dict[str, torch.Tensor],
                       models: list[ClientModel]) -> dict[str, torch.Tensor]:
