@@ -86,10 +86,13 @@ def test_flwr_run_completes_and_writes_the_record(strategy, tiny_data_dir, tmp_p
                                                   isolated_flwr):
     env, results = isolated_flwr, tmp_path / "results"
     bindir = Path(sys.executable).parent
-    overrides = (f'data-dir="{tiny_data_dir}" results-dir="{results}" run-name="real" '
-                 "num-server-rounds=2 fraction-train=0.5 local-epochs=1 server-epochs=1 "
-                 "generator-steps=2 generator-width=8 discriminator-width=8 "
-                 f"discriminator-epochs=1 distill-size=0 alpha=0.5 {STRATEGY_RUNS[strategy][0]}")
+    own = STRATEGY_RUNS[strategy][0]
+    base = (f'data-dir="{tiny_data_dir}" results-dir="{results}" run-name="real" '
+            "num-server-rounds=2 fraction-train=0.5 local-epochs=1 server-epochs=1 "
+            "generator-steps=2 generator-width=8 discriminator-width=8 "
+            "discriminator-epochs=1 distill-size=0 alpha=0.5")
+    mine = {pair.split("=")[0] for pair in own.split()}  # flwr refuses a key given twice
+    overrides = " ".join([*(p for p in base.split() if p.split("=")[0] not in mine), own])
     run = subprocess.run(
         [str(bindir / "flwr"), "run", str(REPO), "--stream", "--federation-config",
          "num-supernodes=3 client-resources-num-cpus=1", "-c", overrides],
