@@ -93,6 +93,7 @@ def test_fedbpg_tunes_the_global_model_and_its_clients_keep_and_fuse_their_own(b
     for r in rounds[1:]:
         assert set(r["generator"]) == {"authenticity", "diversity", "effectiveness"}
         assert r["tuning"]["retained"] >= 0 and 0 <= r["tuning"]["consensus_acc"] <= 1
+        assert 0 <= r["tuning"]["averaged_test_acc"] <= 1
         assert 0 <= r["personalised_test_acc"] <= 1 and r["personalised"]["clients"] == 4
     assert "fusion_alpha" not in rounds[1]  # round 1: no local model yet, nothing to fuse
     assert 0 <= rounds[2]["fusion_alpha"] <= 1  # round 2: every client fused its own

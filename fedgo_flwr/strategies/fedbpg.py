@@ -147,6 +147,8 @@ class FedBPG(FedAvgStrategy):
             retain_max=keys.retain_max, rng=rng, device=device)
         self.generator.cpu()
         self.record.time("distillation", time.perf_counter() - start, server_round)
+        # the same round's averaged model, untuned: what ED adds is server_test_acc minus this
+        tuning["averaged_test_acc"] = self.test_metrics(averaged)[0]
         entry["tuning"] = tuning
         log(INFO, "round %d: G's authenticity %.3f, diversity %.3f, effectiveness %.3f; tuning "
             "KL %.4f, consensus accuracy on pseudo-data %.3f, %d pseudo-samples retained",
