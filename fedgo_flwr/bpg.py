@@ -36,13 +36,6 @@ from torch import nn
 from fedgo_flwr.diversity import diversity_loss
 
 
-def label_shares(counts: torch.Tensor) -> torch.Tensor:
-    """|D_k^y| / |D^y|: each client's share of each label's data, [K, C] (0 for a label no
-    client holds)."""
-    counts = counts.double()
-    return (counts / counts.sum(0, keepdim=True).clamp_min(1)).float()
-
-
 def authenticity_loss(client_logits: torch.Tensor, y: torch.Tensor,
                       shares: torch.Tensor) -> torch.Tensor:
     """Eq. 2: the clients' cross-entropy on (x~, y), each weighted by its share of label y;
@@ -120,7 +113,7 @@ def tune_global(global_model: nn.Module, clients: list[nn.Module], generator: nn
     generator.to(device).eval()
     for net in clients:
         net.to(device).eval().requires_grad_(False)
-    global_model.to(device).train()
+    global_model.to(device).train().requires_grad_(True)  # generator_step froze it
     opt = torch.optim.Adam(global_model.parameters(), lr=lr)
     pool_x, pool_y = kept
     new_x, new_y, parts = [], [], []

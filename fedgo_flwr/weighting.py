@@ -64,14 +64,19 @@ def domain_aware_weights(logits: torch.Tensor, log_odds: torch.Tensor,
     return d / d.sum(0, keepdim=True)
 
 
+def label_shares(histograms: torch.Tensor) -> torch.Tensor:
+    """n_{k,y} / sum_i n_{i,y}: each client's share of each class's images, [K, C] (0 for a
+    class no client holds). FedGen's lambda_k^y and FedBPG's |D_k^y| / |D^y| are these."""
+    counts = histograms.to(torch.float64)
+    return (counts / counts.sum(0, keepdim=True).clamp_min(1.0)).float()
+
+
 def label_oracle_weights(histograms: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """The label oracle, a diagnostic that no algorithm may use: w_k(x) = n_{k,y(x)} /
     sum_i n_{i,y(x)}, each client weighted by how many images of x's true class it holds
     (uniform where no client holds the class). histograms [K, C], labels [N] -> [K, N]."""
-    counts = histograms.to(torch.float64)[:, labels]
-    total = counts.sum(0, keepdim=True)
-    uniform = torch.full_like(counts, 1.0 / len(histograms))
-    return torch.where(total > 0, counts / total.clamp_min(1.0), uniform).float()
+    held = (histograms.sum(0) > 0)[labels]
+    return torch.where(held, label_shares(histograms)[:, labels], 1.0 / len(histograms))
 
 
 def class_count_weights(histograms: torch.Tensor, predicted: torch.Tensor) -> torch.Tensor:

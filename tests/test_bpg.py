@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from fedgo_flwr.bpg import (authenticity_loss, consensus, diversity_loss, effectiveness_gap,
-                            generator_loss, label_shares, retained)
+                            generator_loss, retained)
+from fedgo_flwr.weighting import label_shares
 
 pytestmark = pytest.mark.unit
 

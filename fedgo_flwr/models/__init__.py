@@ -95,6 +95,6 @@ def require_feature_space(model: nn.Module, strategy: str, name: str) -> None:
             "= head(features(x))) and latent_dim = z's width")
 
 
-__all__ = ["CLASSIFIERS", "CNN", "ConditionalGenerator", "Critic", "Discriminator", "FeatureGenerator", "Generator",
-           "GENERATOR_SIDES", "ResNet18", "ResNet50", "VGG11BN", "classifier_fits",
+__all__ = ["CLASSIFIERS", "CNN", "ConditionalGenerator", "Critic", "Discriminator",
+           "FeatureGenerator", "Generator", "GENERATOR_SIDES", "ResNet18", "ResNet50", "VGG11BN", "classifier_fits",
            "create_classifier", "generator_fits", "model_name_problem", "require_feature_space"]

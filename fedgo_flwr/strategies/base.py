@@ -71,10 +71,15 @@ class ServerSetup:
     def image_shape(self) -> tuple[int, int, int]:
         return tuple(self.u.shape[1:])  # type: ignore[return-value]
 
-    def new_classifier(self, architecture: str = "") -> nn.Module:
-        """A classifier of `architecture` (default: the run's `model`)."""
+    def new_classifier(self, architecture: str = "",
+                       state: dict[str, torch.Tensor] | None = None) -> nn.Module:
+        """A classifier of `architecture` (default: the run's `model`), with these weights
+        when given."""
         c, h, _ = self.image_shape
-        return create_classifier(architecture or self.cfg.model, c, self.num_classes, h)
+        model = create_classifier(architecture or self.cfg.model, c, self.num_classes, h)
+        if state is not None:
+            model.load_state_dict(state)
+        return model
 
     def latent_dim(self, strategy: str) -> int:
         """The width of the classifier's latent layer, for a strategy that works on it (a
@@ -485,8 +490,7 @@ class FedAvgStrategy(FedAvg):
     def test_metrics(self, state: dict[str, torch.Tensor],
                      architecture: str = "") -> tuple[float, float]:
         """Test accuracy and loss of the classifier with these weights on the test split."""
-        model = self.setup.new_classifier(architecture)
-        model.load_state_dict(state)
+        model = self.setup.new_classifier(architecture, state)
         with server_autocast(self.setup.device, self.setup.amp):
             return evaluate(model, self.setup.test_x, self.setup.test_y, device=self.setup.device)
 

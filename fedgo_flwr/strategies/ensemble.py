@@ -219,25 +219,19 @@ class EnsembleDistillation(FedAvgStrategy):
             log(WARNING, "round %d: no client model can be weighted; the server keeps the "
                 "average", server_round)
             return averaged
-        nets = []
-        for m in models:
-            net = self.setup.new_classifier(self.architecture(m.partition_id))
-            net.load_state_dict(m.state)
-            nets.append(net)
+        nets = [self.setup.new_classifier(self.architecture(m.partition_id), m.state)
+                for m in models]
         n_k = torch.tensor([m.num_examples for m in models], dtype=torch.float32)
         client_rule = self.round_weighting(models)
         mixed = self.heterogeneous  # no averaged-model teacher, diagnostics or guard
         if not mixed:
             (single,) = averaged.values()
-            average = self.setup.new_classifier()
-            average.load_state_dict(single)
+            average = self.setup.new_classifier(state=single)
         member = cfg.averaged_share > 0  # the averaged model as the last teacher
         weighting = (with_averaged_member(client_rule, cfg.averaged_share) if member
                      else client_rule)
-        students = {}
-        for arch, state in averaged.items():
-            students[arch] = self.setup.new_classifier(arch)
-            students[arch].load_state_dict(state)
+        students = {arch: self.setup.new_classifier(arch, state)
+                    for arch, state in averaged.items()}
         batches = self.distill_batches(server_round)
 
         def view_scores(v: int, samples: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

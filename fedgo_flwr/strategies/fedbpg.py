@@ -51,6 +51,7 @@ from fedgo_flwr.strategies.base import (CLIENT, ClientModel, FedAvgStrategy, Ser
                                         local_update)
 from fedgo_flwr.strategies.registry import StrategySpec
 from fedgo_flwr.train import evaluate, train_classifier
+from fedgo_flwr.weighting import label_shares
 
 
 @dataclass(frozen=True)
@@ -124,10 +125,10 @@ class FedBPG(FedAvgStrategy):
         if not keys.ensemble_distillation:
             return averaged
         counts = torch.tensor([m.metrics["label-counts"] for m in models], dtype=torch.float64)
-        shares = bpg.label_shares(counts)
+        shares = label_shares(counts)
         prior = (counts.sum(0) / counts.sum()).float()
-        clients = [self.classifier(m.state) for m in models]
-        global_model = self.classifier(averaged)
+        clients = [self.setup.new_classifier(state=m.state) for m in models]
+        global_model = self.setup.new_classifier(state=averaged)
         rng = torch.Generator().manual_seed(round_seed(self.cfg.seed, server_round))
         start = time.perf_counter()
         parts = [bpg.generator_step(self.generator, self.optimizer, clients, global_model,
@@ -141,7 +142,7 @@ class FedBPG(FedAvgStrategy):
                                   for name in parts[0]}
         start = time.perf_counter()
         (self.retained_x, self.retained_y), tuning = bpg.tune_global(
-            global_model.requires_grad_(True), clients, self.generator, prior,
+            global_model, clients, self.generator, prior,
             (self.retained_x, self.retained_y), steps=keys.tune_steps,
             batch_size=keys.batch_size, lr=keys.tune_lr, zeta=keys.zeta,
             retain_max=keys.retain_max, rng=rng, device=device)
@@ -158,12 +159,6 @@ class FedBPG(FedAvgStrategy):
             tuning["retained"])
         return {name: value.detach().cpu().to(averaged[name].dtype)
                 for name, value in global_model.state_dict().items()}
-
-    def classifier(self, state: dict[str, torch.Tensor]) -> nn.Module:
-        net = self.setup.new_classifier()
-        net.load_state_dict(state)
-        return net
-
 
 # ---------------------------------------------------------------------------- client side
 LOCAL_MODEL, ALPHAS = "fedbpg-local-model", "fedbpg-alphas"
@@ -197,8 +192,8 @@ def personalised_update(message: Message, local: Local) -> Message:
     the label counts and the mean alpha."""
     conf = config_of(message)
     if LOCAL_MODEL not in local.state.array_records and int(conf["server-round"]) > 1:
-        log(WARNING, "partition %d has no local model of an earlier round (a new or restarted "
-            "node): it starts from the global model", local.partition_id)
+        log(WARNING, "partition %d has no local model of an earlier round (its first round, or a "
+            "new or restarted node): it starts from the global model", local.partition_id)
     model, alphas = personal_start(message, local,
                                    client_seed(int(conf["seed"]), local.partition_id))
     answer = local_update(message, local, model)

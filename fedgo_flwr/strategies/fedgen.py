@@ -38,6 +38,7 @@ from fedgo_flwr.server.record import RunRecord
 from fedgo_flwr.strategies.base import (CLIENT, ClientModel, FedAvgStrategy, ServerSetup,
                                         local_update)
 from fedgo_flwr.strategies.registry import StrategySpec
+from fedgo_flwr.weighting import label_shares
 
 
 @dataclass(frozen=True)
@@ -125,14 +126,9 @@ class FedGen(FedAvgStrategy):
     def server_update(self, server_round: int, averaged: dict[str, torch.Tensor],
                       models: list[ClientModel]) -> dict[str, torch.Tensor]:
         counts = torch.tensor([m.metrics["label-counts"] for m in models], dtype=torch.float64)
-        per_label = counts.sum(0)
-        self.prior = (per_label / per_label.sum()).float()
-        label_weights = (counts / per_label.clamp_min(1.0)).float()  # lambda_k^y
-        classifiers = []
-        for m in models:
-            net = self.setup.new_classifier()
-            net.load_state_dict(m.state)
-            classifiers.append(net)
+        self.prior = (counts.sum(0) / counts.sum()).float()
+        label_weights = label_shares(counts)  # lambda_k^y
+        classifiers = [self.setup.new_classifier(state=m.state) for m in models]
         gen = torch.Generator().manual_seed(round_seed(self.cfg.seed, server_round))
         start = time.perf_counter()
         info = train_feature_generator(
