@@ -49,6 +49,16 @@ def stacked_logits(nets: list[nn.Module], x: torch.Tensor, *, device: torch.devi
                             batch_size=batch).transpose(0, 1).contiguous()
 
 
+def same_architecture(nets: list[nn.Module]) -> list[list[int]]:
+    """Indices of the nets grouped by architecture (class and parameter shapes): what
+    stack_module_state can stack together."""
+    groups: dict[tuple, list[int]] = {}
+    for i, net in enumerate(nets):
+        shapes = tuple((name, tuple(t.shape)) for name, t in net.state_dict().items())
+        groups.setdefault((type(net), shapes), []).append(i)
+    return list(groups.values())
+
+
 def teacher_logits(nets: list[nn.Module], x: torch.Tensor, *, device: torch.device,
                    flip: bool = False, amp: bool = False,
                    stacked: bool | None = None) -> torch.Tensor:
@@ -61,6 +71,16 @@ def teacher_logits(nets: list[nn.Module], x: torch.Tensor, *, device: torch.devi
     if stacked is None:
         stacked = device.type == "cuda"
     if stacked:
-        return stacked_logits(nets, x, device=device, flip=flip, amp=amp)
+        groups = same_architecture(nets)
+        if len(groups) == 1:
+            return stacked_logits(nets, x, device=device, flip=flip, amp=amp)
+        # Mixed architectures (client-models): one stacked forward per architecture.
+        parts = [stacked_logits([nets[i] for i in group], x, device=device, flip=flip, amp=amp)
+                 for group in groups]
+        out = torch.empty((len(nets),) + parts[0].shape[1:], dtype=parts[0].dtype,
+                          device=parts[0].device)
+        for group, part in zip(groups, parts):
+            out[group] = part
+        return out
     with server_autocast(device, amp):
         return torch.stack([predict_logits(net, x, device=device, flip=flip) for net in nets])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Callable, Iterable
 
@@ -14,10 +15,21 @@ from fedgo_flwr.batches import augment, minibatches, to_unit_range
 
 def resolve_device(name: str = "auto") -> torch.device:
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("server-device is 'cuda' but no CUDA device is visible")
+    if name == "cuda":
+        deterministic_cuda()
     return torch.device(name)
+
+
+def deterministic_cuda() -> None:
+    """One seed fixes a CUDA run as it fixes a CPU one: deterministic cuDNN and cuBLAS kernels
+    (without them a seeded client update already differs between two calls on a GPU). cuBLAS
+    reads its workspace setting when the process first uses it, hence before any work."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.backends.cudnn.benchmark = False
+    torch.use_deterministic_algorithms(True, warn_only=True)
 
 
 # How classifiers are trained, on the clients and in the server's distillation: Adam (the

@@ -40,7 +40,8 @@ from fedgo_flwr.server.clients import sample_partitions
 from fedgo_flwr.strategies.base import ClientModel, weighted_average
 from fedgo_flwr.generators import new_generator
 from fedgo_flwr.strategies.fedgo import hold_out, new_local_discriminator, server_sample
-from fedgo_flwr.train import evaluate, predict_logits, resolve_device, train_classifier
+from fedgo_flwr.teachers import teacher_logits
+from fedgo_flwr.train import evaluate, resolve_device, train_classifier
 from fedgo_flwr.weighting import odds_weights
 
 # The discriminators a FedGO run can get: (discriminator-negatives, discriminator-calibration).
@@ -173,13 +174,14 @@ def sweep(cfg: Config, alphas, num_clients, generator_steps, discriminator_epoch
             t = time.perf_counter()
             nets = client_models(acfg, pids, num_clients, e, device, image_shape,
                                  data.num_classes)
-            logits[e] = torch.stack([predict_logits(n, test_x, device=device) for n in nets])
+            # As the run scores them: teacher_logits, bf16 on a GPU (server-amp).
+            logits[e] = teacher_logits(nets, test_x, device=device, amp=cfg.server_amp)
             models = [ClientModel(p, int(n), net.state_dict(), {})
                       for p, n, net in zip(pids, n_k, nets)]
             avg = create_classifier(cfg.model, image_shape[0], data.num_classes, image_shape[1])
             avg.load_state_dict(weighted_average(models, models[0].state))
             fedavg[e] = evaluate(avg, test_x, test_y, device=device)[0]
-            averaged[e] = predict_logits(avg, test_x, device=device)
+            averaged[e] = teacher_logits([avg], test_x, device=device, amp=cfg.server_amp)[0]
             say(f"alpha {alpha:g}: {e} local epoch(s) trained, FedAvg {100 * fedavg[e]:.1f} % "
                 f"({time.perf_counter() - t:.0f} s)")
         for variant, steps, negatives in [(v, s, n) for v in variants for s, n in

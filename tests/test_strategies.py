@@ -310,8 +310,10 @@ def test_dafkd_averages_g_and_heads_by_n_k_and_weights_by_this_rounds_discrimina
             logits.append(net(x))
     # One pass of each trunk gives the class logits and D_k's.
     test_logits, log_odds = strategy.test_scores(models, nets)
-    assert torch.allclose(log_odds[:, :20], torch.stack(d_logits), atol=1e-5)
-    assert torch.allclose(test_logits[:, :20], torch.stack(logits), atol=1e-5)
+    # bf16 on a GPU (server-amp): a step of 2^-8 relative, against the fp32 reference here.
+    tol = dict(atol=0.05, rtol=0.01) if strategy.setup.amp else dict(atol=1e-5)
+    assert torch.allclose(log_odds[:, :20].cpu(), torch.stack(d_logits), **tol)
+    assert torch.allclose(test_logits[:, :20].cpu(), torch.stack(logits), **tol)
     assert strategy.weighting is domain_aware_weights  # w_k = D_k / sum_i D_i
     last = record["rounds"][-1]
     assert last["ensemble_test_acc"] == last["diagnostics"]["logits"]["domain-aware"]["acc"]

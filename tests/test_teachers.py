@@ -42,6 +42,17 @@ def test_stacked_teachers_equal_model_by_model(model, channels, size):
                               teacher_logits(nets, x, device=CPU))
 
 
+def test_stacked_teachers_of_mixed_architectures_stack_per_architecture():
+    """The GPU default (stacked) with client-models: one stacked forward per architecture, the
+    rows in the nets' order (stack_module_state alone refuses nets of different classes)."""
+    torch.manual_seed(0)
+    nets = [create_classifier(m, 1, 10, 28) for m in ("cnn", "mlp", "cnn", "mlp", "mlp")]
+    x = torch.randint(0, 256, (6, 1, 28, 28), dtype=torch.uint8)
+    stacked = teacher_logits(nets, x, device=CPU, stacked=True)
+    one_by_one = torch.stack([predict_logits(n, x, device=CPU) for n in nets])
+    torch.testing.assert_close(stacked, one_by_one, rtol=1e-5, atol=1e-5)
+
+
 def test_teacher_logits_needs_a_model():
     with pytest.raises(ValueError, match="at least one model"):
         teacher_logits([], torch.zeros(1, 1, 28, 28, dtype=torch.uint8), device=CPU)

@@ -108,7 +108,9 @@ class FedBPG(FedAvgStrategy):
         c, h, w = setup.image_shape
         with torch.random.fork_rng():
             torch.manual_seed(setup.cfg.seed)
-            self.generator = ConditionalGenerator(keys.noise_dim, setup.num_classes, c, h)
+            self.generator = ConditionalGenerator(keys.noise_dim, setup.num_classes, c,
+                                                  h).to(setup.device)
+        # On its device before Adam exists: a resumed run's Adam state loads onto it.
         self.optimizer = torch.optim.Adam(self.generator.parameters(), lr=keys.generator_lr,
                                           betas=(0.5, 0.999))
         self.retained_x = torch.empty(0, c, h, w)  # the pseudo-data kept for the next round

@@ -102,7 +102,8 @@ class FedGen(FedAvgStrategy):
         with torch.random.fork_rng():
             torch.manual_seed(setup.cfg.seed)
             self.generator = FeatureGenerator(setup.num_classes, latent, keys.noise_dim,
-                                              keys.hidden_dim)
+                                              keys.hidden_dim).to(setup.device)
+        # On its device before Adam exists: a resumed run's Adam state loads onto it.
         self.optimizer = torch.optim.Adam(self.generator.parameters(), lr=keys.generator_lr,
                                           weight_decay=1e-2)
         self.schedule = torch.optim.lr_scheduler.ExponentialLR(self.optimizer, keys.decay)

@@ -1,0 +1,54 @@
+"""fedgo_lab.rerun: a plan's cells in process against their recorded runs."""
+
+import json
+
+import pytest
+import yaml
+
+from conftest import REPO
+from fedgo_lab import rerun
+from fedgo_lab.bench import cells_of, load_plan
+
+pytestmark = pytest.mark.app
+
+
+def tiny_plan(tmp_path, tiny_data_dir):
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "tiny", "config": {"data-dir": str(tiny_data_dir), "num-server-rounds": 2,
+                                   "fraction-train": 0.5, "local-epochs": 1, "test-size": 0,
+                                   "distill-size": 0},
+        "federation": {"num-supernodes": 4}, "alphas": [0.5], "seeds": [0],
+        "cells": ["fedavg"]}))
+    return path
+
+
+def test_a_rerun_on_the_same_device_reproduces_its_record(tmp_path, tiny_data_dir, capsys):
+    plan = tiny_plan(tmp_path, tiny_data_dir)
+    cell, = cells_of(load_plan(plan), tmp_path / "recorded", REPO)
+    recorded, _ = rerun.rerun(cell, 4)
+    assert rerun.main([str(plan), "fedavg-a0.5-s0", "--against", str(tmp_path / "recorded"),
+                       "--out", str(tmp_path / "again"), "--repo", str(REPO)]) == 0
+    again = json.loads((tmp_path / "again" / "fedavg-a0.5-s0" / "record.json").read_text())
+    assert [r["server_test_acc"] for r in again["rounds"]] == \
+        [r["server_test_acc"] for r in recorded["rounds"]]
+    row = capsys.readouterr().out.splitlines()[-1]
+    assert row.startswith("| fedavg-a0.5-s0 |") and row.endswith("| +0.00 |")
+    summary = json.loads((tmp_path / "again" / "rerun.json").read_text())
+    assert summary["rows"][0]["last3"] == pytest.approx(rerun.last3(recorded))
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["fedgo-a0.5-s0"], "not cells of"),
+    (["fedavg-a0.5-s0", "--config", "alpha=-1"], "alpha"),
+    (["fedavg-a0.5-s0"], "no recorded run"),
+])
+def test_bad_requests_stop_before_anything_runs(tmp_path, tiny_data_dir, capsys, args, needle):
+    plan = tiny_plan(tmp_path, tiny_data_dir)
+    against = tmp_path / "recorded"
+    if needle != "no recorded run":  # a record, so only the named problem is left
+        (against / "fedavg-a0.5-s0").mkdir(parents=True)
+        (against / "fedavg-a0.5-s0" / "record.json").write_text("{}")
+    with pytest.raises(SystemExit) as stop:
+        rerun.main([str(plan), *args, "--against", str(against), "--repo", str(REPO)])
+    assert stop.value.code == 2 and needle in capsys.readouterr().err
