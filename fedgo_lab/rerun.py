@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -28,20 +27,21 @@ from fedgo_flwr.config import Config, ConfigError
 from fedgo_flwr.train import resolve_device
 from fedgo_lab.bench import PlanError, cells_of, load_plan
 from fedgo_lab.cli import add_config_flag, add_out_flag, add_repo_flag, config_values, repo_of
+from fedgo_lab.report import last3_mean
 
 
 def last3(record: dict) -> float:
     """The server's test accuracy averaged over the last three rounds, in %."""
-    return 100 * statistics.mean(r["server_test_acc"] for r in record["rounds"][-3:])
+    return 100 * last3_mean(record)
 
 
-def rerun(cell, num_clients: int) -> tuple[dict, float]:
-    """One cell through the real apps on the in-process grid: its record and wall seconds."""
+def rerun(cfg: Config, num_clients: int) -> tuple[dict, float]:
+    """One cell's config through the real apps on the in-process grid: its record and wall
+    seconds."""
     from client_app.app import app as client_app
     from fedgo_lab.inprocess import InProcessGrid
     from server_app.app import run
 
-    cfg = Config.from_run_config(cell.run_config)
     start = time.perf_counter()
     path = run(InProcessGrid(client_app, cfg.to_run_config(), num_clients), cfg)
     return json.loads(path.read_text()), time.perf_counter() - start
@@ -87,10 +87,10 @@ def main(argv: list[str] | None = None) -> int:
         if not path.is_file():
             parser.error(f"no recorded run {path}")
         recorded[name] = json.loads(path.read_text())
-    for name in args.cells:  # every cell's config is checked before the first one runs
+    configs = {}  # every cell's config is checked before the first one runs
+    for name in args.cells:
         try:
-            cells[name].run_config.update(overrides)
-            Config.from_run_config(cells[name].run_config)
+            configs[name] = Config.from_run_config({**cells[name].run_config, **overrides})
         except ConfigError as err:
             parser.error(f"--config: {err}")
     device = resolve_device()
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for i, name in enumerate(args.cells, 1):
         print(f"[rerun {i}/{len(args.cells)} {name}] on {label} ...", flush=True)
-        record, wall = rerun(cells[name], plan["federation"]["num-supernodes"])
+        record, wall = rerun(configs[name], plan["federation"]["num-supernodes"])
         rows.append({"run": name, "wall_s": wall, "last3": last3(record),
                      "recorded_wall_s": recorded[name]["timings"]["wall"],
                      "recorded_last3": last3(recorded[name]),

@@ -6,6 +6,7 @@ import pytest
 import yaml
 
 from conftest import REPO
+from fedgo_flwr.config import Config
 from fedgo_lab import rerun
 from fedgo_lab.bench import cells_of, load_plan
 
@@ -26,7 +27,7 @@ def tiny_plan(tmp_path, tiny_data_dir):
 def test_a_rerun_on_the_same_device_reproduces_its_record(tmp_path, tiny_data_dir, capsys):
     plan = tiny_plan(tmp_path, tiny_data_dir)
     cell, = cells_of(load_plan(plan), tmp_path / "recorded", REPO)
-    recorded, _ = rerun.rerun(cell, 4)
+    recorded, _ = rerun.rerun(Config.from_run_config(cell.run_config), 4)
     assert rerun.main([str(plan), "fedavg-a0.5-s0", "--against", str(tmp_path / "recorded"),
                        "--out", str(tmp_path / "again"), "--repo", str(REPO)]) == 0
     again = json.loads((tmp_path / "again" / "fedavg-a0.5-s0" / "record.json").read_text())

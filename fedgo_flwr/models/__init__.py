@@ -96,5 +96,6 @@ def require_feature_space(model: nn.Module, strategy: str, name: str) -> None:
 
 
 __all__ = ["CLASSIFIERS", "CNN", "ConditionalGenerator", "Critic", "Discriminator",
-           "FeatureGenerator", "Generator", "GENERATOR_SIDES", "ResNet18", "ResNet50", "VGG11BN", "classifier_fits",
-           "create_classifier", "generator_fits", "model_name_problem", "require_feature_space"]
+           "FeatureGenerator", "Generator", "GENERATOR_SIDES", "ResNet18", "ResNet50", "VGG11BN",
+           "classifier_fits", "create_classifier", "generator_fits", "model_name_problem",
+           "require_feature_space"]
