@@ -53,3 +53,23 @@ def test_bad_requests_stop_before_anything_runs(tmp_path, tiny_data_dir, capsys,
     with pytest.raises(SystemExit) as stop:
         rerun.main([str(plan), *args, "--against", str(against), "--repo", str(REPO)])
     assert stop.value.code == 2 and needle in capsys.readouterr().err
+
+
+def test_a_whole_plan_runs_in_parallel_resumes_and_keeps_to_its_time(tmp_path, tiny_data_dir,
+                                                                     capsys):
+    plan = tiny_plan(tmp_path, tiny_data_dir)
+    spec = yaml.safe_load(plan.read_text())
+    plan.write_text(yaml.safe_dump({**spec, "seeds": [0, 1]}))
+    out = tmp_path / "gpu"
+    common = [str(plan), "--out", str(out), "--repo", str(REPO)]
+    assert rerun.main([*common, "--max-minutes", "0"]) == 0  # no time: nothing starts
+    assert "the time was up before 2 cells" in capsys.readouterr().out
+    assert not list(out.glob("*/record.json"))
+    assert rerun.main([*common, "--parallel", "2"]) == 0
+    records = {p.parent.name: json.loads(p.read_text()) for p in out.glob("*/record.json")}
+    assert sorted(records) == ["fedavg-a0.5-s0", "fedavg-a0.5-s1"]
+    assert all(r["device"] == "CPU, in process" for r in records.values())
+    assert records["fedavg-a0.5-s0"]["rounds"] != records["fedavg-a0.5-s1"]["rounds"]
+    assert "| fedavg-a0.5-s1 |" in capsys.readouterr().out
+    assert rerun.main(common) == 0  # both records there: the call resumes with nothing to do
+    assert "0 of 2 cells to run" in capsys.readouterr().out
