@@ -26,7 +26,7 @@ import multiprocessing
 import os
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 
 import torch
@@ -145,25 +145,34 @@ def main(argv: list[str] | None = None) -> int:
     deadline = time.time() + 60 * (args.max_minutes if args.max_minutes is not None else 1e9)
     threads = max(1, (os.cpu_count() or 1) // args.parallel)
     num_clients = plan["federation"]["num-supernodes"]
-    rows, skipped = [], []
+    rows, pending = [], list(todo)
     with ProcessPoolExecutor(args.parallel, mp_context=multiprocessing.get_context("spawn"),
                              max_tasks_per_child=1) as pool:
-        futures = {name: pool.submit(worker, configs[name], num_clients, deadline, threads)
-                   for name in todo}
-        for i, (name, future) in enumerate(futures.items(), 1):
-            result = future.result()
-            if result is None:
-                skipped.append(name)
-                continue
-            record, wall = result
-            row = {"run": name, "wall_s": wall, "last3": last3(record),
-                   "stages_s": record["timings"]}
-            if name in recorded:
-                row.update(recorded_wall_s=recorded[name]["timings"]["wall"],
-                           recorded_last3=last3(recorded[name]))
-            rows.append(row)
-            print(f"[rerun {i}/{len(todo)} {name}] {wall:.1f} s, last 3 rounds "
-                  f"{row['last3']:.2f} %", flush=True)
+        running = {}
+        while pending or running:
+            # a cell is handed to a process only while time remains: none is spawned to idle
+            while pending and len(running) < args.parallel and time.time() <= deadline:
+                name = pending.pop(0)
+                running[pool.submit(worker, configs[name], num_clients, deadline, threads)] = name
+            if not running:
+                break
+            finished_now, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in finished_now:
+                name = running.pop(future)
+                result = future.result()
+                if result is None:  # the deadline passed while it waited for its process
+                    pending.append(name)
+                    continue
+                record, wall = result
+                row = {"run": name, "wall_s": wall, "last3": last3(record),
+                       "stages_s": record["timings"]}
+                if name in recorded:
+                    row.update(recorded_wall_s=recorded[name]["timings"]["wall"],
+                               recorded_last3=last3(recorded[name]))
+                rows.append(row)
+                print(f"[rerun {len(rows)}/{len(todo)} {name}] {wall:.1f} s, last 3 rounds "
+                      f"{row['last3']:.2f} %", flush=True)
+    skipped = [n for n in todo if n in pending]
     if skipped:
         print(f"[rerun] the time was up before {len(skipped)} cells: {skipped}; run the same "
               "command again to go on", flush=True)

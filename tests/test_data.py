@@ -1,4 +1,5 @@
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -123,6 +124,28 @@ def test_fmnist_is_read_from_the_debian_location(tmp_path, monkeypatch):
     assert train_x.shape == (40, 1, 28, 28) and train_x.dtype == torch.uint8
     assert test_y.shape == (10,) and int(train_y.max()) <= 9
     assert (tmp_path / "data" / "FashionMNIST" / "raw" / "train-images-idx3-ubyte").is_file()
+
+
+def test_fmnist_files_appear_whole_for_processes_starting_together(tmp_path, monkeypatch):
+    # A process that finds the four files reads them: each must appear complete (renamed from
+    # a private folder), never while it is being written (seen: parallel runs on a fresh GPU
+    # host, one read an empty file).
+    debian = write_tiny_fmnist(tmp_path / "debian", n_train=40, n_test=10, compress=True)
+    monkeypatch.setattr(fmnist, "DEBIAN_DIR", debian)
+    raw = tmp_path / "data" / "FashionMNIST" / "raw"
+    written = []
+
+    def extract(source, target):
+        path = fmnist_extract(source, target)
+        written.append(Path(path))
+        assert not (raw / Path(path).name).exists()  # not yet visible where readers look
+        return path
+
+    fmnist_extract = fmnist.extract_archive
+    monkeypatch.setattr(fmnist, "extract_archive", extract)
+    fmnist.load_fmnist(tmp_path / "data")
+    assert len(written) == 4 and all(p.parent != raw for p in written)
+    assert sorted(p.name for p in raw.iterdir()) == sorted(p.name for p in written)
 
 
 def test_missing_data_without_network_names_where_it_looked_and_both_fixes(tmp_path,

@@ -10,6 +10,8 @@ torchvision downloads them.
 from __future__ import annotations
 
 import logging
+import os
+import tempfile
 from pathlib import Path
 
 import torch
@@ -29,8 +31,12 @@ def load_fmnist(root: Path) -> tuple:
     if not probe._check_exists():
         if all((DEBIAN_DIR / name).is_file() for name, _ in FashionMNIST.resources):
             raw.mkdir(parents=True, exist_ok=True)
-            for name, _ in FashionMNIST.resources:
-                extract_archive(str(DEBIAN_DIR / name), str(raw))
+            # Into a private folder, then renamed: processes starting together on a fresh
+            # machine (Ray's clients, parallel runs) never read a half-written file.
+            with tempfile.TemporaryDirectory(dir=raw, prefix=".extract-") as private:
+                for name, _ in FashionMNIST.resources:
+                    extracted = extract_archive(str(DEBIAN_DIR / name), private)
+                    os.replace(extracted, raw / Path(extracted).name)
             log.info("Fashion-MNIST: using the Debian files from %s", DEBIAN_DIR)
         else:
             log.info("Fashion-MNIST: not in %s nor %s; downloading", root, DEBIAN_DIR)
