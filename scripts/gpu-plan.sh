@@ -7,7 +7,17 @@
 #       [RUN-NAME-PREFIX ...]
 #
 # Before (on the machine that sends the checkout): Python 3.12 wheels of flwr, flwr-datasets and
-# what they need that the host lacks in .whl/ (see docs/benchmarks.md, "On a GPU"); the four
+# what they need that the host lacks in .whl/ (for an image with PyTorch, pandas, pyarrow,
+# grpcio, protobuf and the like already there, these 26, about 19 MB:
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#     --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+#     --platform manylinux2014_x86_64 --platform manylinux_2_34_x86_64 -d .whl flwr==1.42.0 \
+#     flwr-datasets==0.6.1 datasets==4.8.5 alembic==1.20.1 fastapi==0.138.2 \
+#     grpcio-health-checking==1.81.1 iterators==0.0.2 prompt-toolkit==3.0.53 \
+#     pycryptodome==3.24.1 sqlalchemy==2.1.9 starlette==1.3.1 tomli==2.5.0 tomli-w==1.2.0 \
+#     uvicorn==0.49.0 dill==0.4.1 multiprocess==0.70.19 cryptography==50.0.2 cffi==2.1.1 \
+#     pycparser==3.12 pydantic==2.14.4 pydantic-core==2.50.5 mako==1.4.3 greenlet==3.5.6 \
+#     annotated-types==0.8.0 typing-inspection==0.4.5 wcwidth==0.9.4); the four
 # Fashion-MNIST .gz files in .devdata/fmnist/; inputs a plan names (the G2 files of
 # conf/bench/fmnist-table2.yaml in results/g2/, made on the CPU beforehand: three
 # pretrain_generator processes at once with 16 threads each crawl). Records of an earlier call
