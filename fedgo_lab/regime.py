@@ -26,16 +26,10 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from fedgo_lab.report import CENTRAL, DIAGNOSTIC_COLUMNS, FOCUS, label, load_records
+from fedgo_lab.report import CENTRAL, DIAGNOSTIC_COLUMNS, FOCUS, label, last_mean, load_records
 
 BASELINE = "fedavg"
 MARKERS = ("<!-- regime -->", "<!-- /regime -->")
-
-
-def last_mean(rec: dict, last: int) -> float:
-    """Server test accuracy averaged over the run's last `last` rounds."""
-    rounds = [r for r in rec["rounds"] if r["round"] > 0][-last:]
-    return statistics.mean(r["server_test_acc"] for r in rounds)
 
 
 def mechanism(rec: dict) -> dict | None:

@@ -71,9 +71,11 @@ CENTRAL = "central"
 FOCUS = "fedgo"
 
 
-def last3_mean(rec: dict, metric: str = "server_test_acc") -> float:
-    """A record's metric averaged over its last three rounds (a fraction)."""
-    return statistics.mean(r[metric] for r in rec["rounds"][-3:])
+def last_mean(rec: dict, last: int = 3, metric: str = "server_test_acc") -> float:
+    """A record's metric averaged over its last `last` federated rounds (a fraction; round 0,
+    the evaluation before training, never counts)."""
+    rounds = [r for r in rec["rounds"] if r["round"] > 0][-last:]
+    return statistics.mean(r[metric] for r in rounds)
 
 
 def label(rec: dict) -> str:
@@ -128,7 +130,7 @@ def summary_table(records: list[dict]) -> str:
     for (name, alpha), recs in sorted(groups.items()):
         last = [r["rounds"][-1] for r in recs]
         server = [x["server_test_acc"] for x in last]
-        last3 = [last3_mean(r) for r in recs]
+        last3 = [last_mean(r) for r in recs]
         ensemble = [x["ensemble_test_acc"] for x in last if "ensemble_test_acc" in x]
         seeds = ",".join(str(r["config"]["seed"]) for r in recs)
         target = targets[alpha]
@@ -152,7 +154,7 @@ def personal_table(records: list[dict]) -> str:
     lines = ["| strategy | alpha | seeds | personalised acc (%) | personalised, last 3 (%) | "
              "server test acc (%) |", "|---|---|---|---|---|---|"]
     for (name, alpha), recs in sorted(groups.items()):
-        last3 = [last3_mean(r, "personalised_test_acc") for r in recs]
+        last3 = [last_mean(r, metric="personalised_test_acc") for r in recs]
         lines.append(f"| {name} | {alpha:g} | {','.join(str(r['config']['seed']) for r in recs)} "
                      f"| {mean_std([r['rounds'][-1]['personalised_test_acc'] for r in recs])} "
                      f"| {mean_std(last3)} "

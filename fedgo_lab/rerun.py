@@ -36,12 +36,12 @@ from fedgo_flwr.config import Config, ConfigError
 from fedgo_flwr.train import resolve_device
 from fedgo_lab.bench import Cell, PlanError, cells_of, finished, load_plan
 from fedgo_lab.cli import add_config_flag, add_out_flag, add_repo_flag, config_values, repo_of
-from fedgo_lab.report import last3_mean
+from fedgo_lab.report import last_mean
 
 
 def last3(record: dict) -> float:
     """The server's test accuracy averaged over the last three rounds, in %."""
-    return 100 * last3_mean(record)
+    return 100 * last_mean(record)
 
 
 def device_label() -> str:
