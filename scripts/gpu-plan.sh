@@ -21,7 +21,8 @@
 # Fashion-MNIST .gz files in .devdata/fmnist/; inputs a plan names (the G2 files of
 # conf/bench/fmnist-table2.yaml in results/g2/, made on the CPU beforehand: three
 # pretrain_generator processes at once with 16 threads each crawl). Records of an earlier call
-# in results/rerun/<plan>/ are skipped (the call resumes). Prefixes order the runs: the ones
+# in results/rerun/<plan>/ are skipped (the call resumes: unpack its records.tgz there and
+# send it along). Prefixes order the runs: the ones
 # named first start first (give the longest, so the plan ends soonest), then by seed.
 # PAR runs at once (8 on 16 cores; 12 was not faster), MINUTES: start no run after, BUDGET:
 # seconds before everything stops. Comes back in $OUT: records.tgz (results/rerun/<plan>:
@@ -29,7 +30,7 @@
 set -u
 plan=$1; shift
 OUT=${OUT:?set OUT to the folder the records go to}
-if compgen -G ".whl/*.whl" >/dev/null; then
+if compgen -G ".whl/*.whl" >/dev/null && [ ! -d /tmp/site/flwr ]; then  # once a machine
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target /tmp/site .whl/*.whl || exit 3
 fi
