@@ -23,6 +23,11 @@ def resolve_device(name: str = "auto") -> torch.device:
     return torch.device(name)
 
 
+def device_name(device: torch.device) -> str:
+    """What a record says made it: the GPU's name or CPU."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+
+
 def deterministic_cuda() -> None:
     """One seed fixes a CUDA run as it fixes a CPU one: deterministic cuDNN and cuBLAS kernels
     (without them a seeded client update already differs between two calls on a GPU). cuBLAS

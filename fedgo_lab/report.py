@@ -42,6 +42,12 @@ def load_records(*roots: Path) -> list[dict]:
             for p in sorted(Path(root).glob("**/record.json"))]
 
 
+def devices(records: list[dict]) -> list[str]:
+    """The devices (and runtimes) that made the records; a record from before records named
+    theirs was a `flwr run` on the CPU."""
+    return sorted({r.get("device", "CPU") for r in records})
+
+
 def of_architecture(records: list[dict], architecture: str) -> list[dict]:
     """The records as if each mixed run's server were its `architecture` global model alone
     (its rounds' server accuracy and loss); runs without that architecture are left out,
@@ -453,6 +459,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no record.json under {[str(d) for d in args.dirs]}"
               + (f" with architecture {args.architecture!r}" if args.architecture else ""))
         return 1
+    if len(made := devices(records)) > 1:  # rounding differs between them: docs/benchmarks.md
+        print(f"warning: these records were made on different devices or runtimes {made}; "
+              "a table compares methods on one", file=sys.stderr)
     if args.diagnostics:
         with_diagnostics = [r for r in records if any("diagnostics" in x for x in r["rounds"])]
         for rec in with_diagnostics:

@@ -33,7 +33,7 @@ import torch
 import yaml
 
 from fedgo_flwr.config import Config, ConfigError
-from fedgo_flwr.train import resolve_device
+from fedgo_flwr.train import device_name, resolve_device
 from fedgo_lab.bench import Cell, PlanError, cells_of, finished, load_plan
 from fedgo_lab.cli import add_config_flag, add_out_flag, add_repo_flag, config_values, repo_of
 from fedgo_lab.report import last_mean
@@ -45,8 +45,7 @@ def last3(record: dict) -> float:
 
 
 def device_label() -> str:
-    device = resolve_device()
-    return torch.cuda.get_device_name() if device.type == "cuda" else "CPU"
+    return device_name(resolve_device())
 
 
 def rerun(cfg: Config, num_clients: int) -> tuple[dict, float]:

@@ -22,7 +22,7 @@ from fedgo_flwr.models import classifier_fits
 from fedgo_flwr.server import checkpoint
 from fedgo_flwr.server.record import RunRecord, format_table
 from fedgo_flwr.strategies import STRATEGIES, ServerSetup
-from fedgo_flwr.train import resolve_device
+from fedgo_flwr.train import device_name, resolve_device
 
 app = ServerApp()
 
@@ -64,6 +64,10 @@ def run(grid: Grid, cfg: Config) -> Path:
     record = (RunRecord.restore(resumed["record"]) if resumed
               else RunRecord(cfg.to_run_config(), run_name))
     run_name = record.run_name
+    # which device made it (a table keeps to one: docs/benchmarks.md); a resume elsewhere says so
+    here = device_name(resolve_device(cfg.server_device))
+    before = record.data.get("device", here)
+    record.data["device"] = here if before == here else f"{before}, then {here}"
     log(INFO, "fedgo-flwr: %s on %s, alpha=%g, seed=%d, %d rounds -> %s", cfg.strategy,
         cfg.dataset, cfg.alpha, cfg.seed, cfg.num_server_rounds, cfg.results_path / run_name)
     unread = cfg.unread_keys()

@@ -181,3 +181,18 @@ def test_report_of_prints_one_rows_differences_over_three_windows(tmp_path, caps
     tables = capsys.readouterr().out.strip().split("\n\n")
     assert [t.splitlines()[2] for t in tables] == [  # last round, last 3, rounds 1-2
         "| 0.1 | 0 | 70.0 | +20.0 |", "| 0.1 | 0 | 43.3 | +3.3 |", "| 0.1 | 0 | 60.0 | +5.0 |"]
+
+
+def test_report_warns_when_a_table_mixes_devices(tmp_path, capsys):
+    import json
+    from fedgo_lab.report import main
+    gpu = curve("fedgo", 1, [0.1, 0.6])
+    gpu["device"] = "NVIDIA H100 80GB HBM3, in process"
+    for name, rec in (("cpu", curve("fedgo", 0, [0.1, 0.5])), ("gpu", gpu)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "record.json").write_text(json.dumps(rec))
+    assert main([str(tmp_path / "cpu")]) == 0
+    assert "warning" not in capsys.readouterr().err  # one device (unnamed: a CPU flwr run)
+    assert main([str(tmp_path)]) == 0
+    err = capsys.readouterr().err
+    assert "different devices" in err and "'CPU'" in err and "H100" in err

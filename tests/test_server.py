@@ -21,6 +21,7 @@ def test_fedgo_record_holds_config_rounds_timings_and_bytes(tiny_config):
     record, grid = _run(tiny_config)
     assert record["config"] == tiny_config.to_run_config()
     assert [r["round"] for r in record["rounds"]] == [0, 1, 2]
+    assert record["device"] == "CPU"  # which device made it (a table keeps to one)
     for r in record["rounds"][1:]:
         for key in ("server_test_acc", "server_test_loss", "ensemble_test_acc",
                     "ensemble_test_loss", "distill_loss"):
