@@ -157,7 +157,11 @@ def test_each_rule_alone_gives_what_the_all_rules_diagnostic_reports(tiny_config
     r = records["probabilities"]["rounds"][1]
     assert diag["probabilities"]["odds"]["acc"] == r["ensemble_test_acc"]
     assert diag["probabilities"]["odds"]["loss"] == pytest.approx(r["ensemble_test_loss"], abs=1e-6)
-    assert len({rec["rounds"][1]["ensemble_test_loss"] for rec in records.values()}) == len(records)
+    # every rule its own ensemble; but odds-beta4 caps the odds at e^4 and equals the uncapped
+    # odds-unsquashed wherever no client's odds reach that cap (as in this tiny run, on some
+    # machines), so it is checked above against its diagnostic only
+    distinct = [rec for name, rec in records.items() if name != "odds-beta4"]
+    assert len({rec["rounds"][1]["ensemble_test_loss"] for rec in distinct}) == len(distinct)
     assert diag["weight_on_oracle_client"]["active"] == diag["weight_on_oracle_client"]["odds"]
     assert {"label-oracle", "odds-unsquashed"} <= set(diag["logits"])
     assert 1 < diag["phi"]["min"] <= diag["phi"]["mean"] <= diag["phi"]["max"] < np.e
