@@ -182,9 +182,8 @@ def seed_differences(records: list[dict], of: str = FOCUS,
     for alpha, recs in by_alpha(records).items():
         for rec in recs:
             if rec["config"]["strategy"] != CENTRAL:
-                rounds = rec["rounds"][-last:] if last else rec["rounds"][1:]
-                cells[(alpha, rec["config"]["seed"])][label(rec)] = statistics.mean(
-                    r[metric] for r in rounds)
+                cells[(alpha, rec["config"]["seed"])][label(rec)] = last_mean(
+                    rec, last or len(rec["rounds"]), metric)
     others = sorted({name for row in cells.values() for name in row} - {of})
     what = (f"{of} (%)" if last == 1 else f"{of}, mean of last {last} (%)" if last
             else f"{of}, mean over all rounds (%)")

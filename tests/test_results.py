@@ -121,8 +121,10 @@ def test_seed_differences_compare_fedgo_with_each_row_seed_by_seed():
     assert lines[3] == "| 0.1 | 1 | 60.0 | -2.0 | +2.0 |"
     lines = seed_differences(recs, last=2).splitlines()  # means of the last two rounds
     assert lines[0] == "| alpha | seed | fedgo, mean of last 2 (%) | fedgo − fedavg | fedgo − feddf |"
-    assert lines[3] == "| 0.1 | 1 | 35.0 | -1.0 | +1.0 |"
-    recs[2]["rounds"].append({"round": 2, "server_test_acc": 0.70})  # round 0 never counts
+    assert lines[3] == "| 0.1 | 1 | 60.0 | -2.0 | +2.0 |"  # round 0 never counts: round 1 alone
+    recs[2]["rounds"].append({"round": 2, "server_test_acc": 0.70})
+    lines = seed_differences(recs, last=2).splitlines()
+    assert lines[3] == "| 0.1 | 1 | 65.0 | +3.0 | +7.0 |"
     lines = seed_differences(recs, last=None).splitlines()
     assert lines[0].startswith("| alpha | seed | fedgo, mean over all rounds (%) |")
     assert lines[3] == "| 0.1 | 1 | 65.0 | +3.0 | +7.0 |"
@@ -179,8 +181,9 @@ def test_report_of_prints_one_rows_differences_over_three_windows(tmp_path, caps
         (tmp_path / name / "record.json").write_text(json.dumps(rec))
     assert main([str(tmp_path), "--of", "fedgo[beta=4]"]) == 0
     tables = capsys.readouterr().out.strip().split("\n\n")
-    assert [t.splitlines()[2] for t in tables] == [  # last round, last 3, rounds 1-2
-        "| 0.1 | 0 | 70.0 | +20.0 |", "| 0.1 | 0 | 43.3 | +3.3 |", "| 0.1 | 0 | 60.0 | +5.0 |"]
+    assert [t.splitlines()[2] for t in tables] == [  # last round, last 3 (round 0 never counts:
+        # here rounds 1-2), rounds 1-2
+        "| 0.1 | 0 | 70.0 | +20.0 |", "| 0.1 | 0 | 60.0 | +5.0 |", "| 0.1 | 0 | 60.0 | +5.0 |"]
 
 
 def test_report_warns_when_a_table_mixes_devices(tmp_path, capsys):
