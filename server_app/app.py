@@ -65,7 +65,8 @@ def run(grid: Grid, cfg: Config) -> Path:
               else RunRecord(cfg.to_run_config(), run_name))
     run_name = record.run_name
     # which device made it (a table keeps to one: docs/benchmarks.md); a resume elsewhere says so
-    here = device_name(resolve_device(cfg.server_device))
+    device = resolve_device(cfg.server_device)
+    here = device_name(device)
     before = record.data.get("device", here)
     record.data["device"] = here if before == here else f"{before}, then {here}"
     log(INFO, "fedgo-flwr: %s on %s, alpha=%g, seed=%d, %d rounds -> %s", cfg.strategy,
@@ -82,8 +83,8 @@ def run(grid: Grid, cfg: Config) -> Path:
         classifier_fits(model, data.image_shape, data.num_classes, cfg.dataset)
     u, test_x, test_y = server_data(cfg)
     val_x, val_y = validation_data(cfg)
-    setup = ServerSetup(cfg, u, test_x, test_y, data.num_classes,
-                        resolve_device(cfg.server_device), val_x, val_y, data.classes)
+    setup = ServerSetup(cfg, u, test_x, test_y, data.num_classes, device, val_x, val_y,
+                        data.classes)
     log(INFO, "server: |U| = %d unlabeled, %d labelled validation, %d test images, device %s",
         len(u), len(val_y), len(test_y), setup.device)
 
