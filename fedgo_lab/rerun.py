@@ -63,10 +63,8 @@ def rerun(cfg: Config, num_clients: int) -> tuple[dict, float]:
     return record, wall
 
 
-def worker(cfg: Config, num_clients: int, deadline: float, threads: int):
-    """One cell in a worker process; None when the deadline passed before it could start."""
-    if time.time() > deadline:
-        return None
+def worker(cfg: Config, num_clients: int, threads: int):
+    """One cell in a worker process (its own CUDA context and threads)."""
     torch.set_num_threads(threads)
     return rerun(cfg, num_clients)
 
@@ -144,25 +142,21 @@ def main(argv: list[str] | None = None) -> int:
     deadline = time.time() + 60 * (args.max_minutes if args.max_minutes is not None else 1e9)
     threads = max(1, (os.cpu_count() or 1) // args.parallel)
     num_clients = plan["federation"]["num-supernodes"]
-    rows, pending = [], list(todo)
+    rows, pending = [], list(todo)  # pending: not yet started
     with ProcessPoolExecutor(args.parallel, mp_context=multiprocessing.get_context("spawn"),
                              max_tasks_per_child=1) as pool:
         running = {}
         while pending or running:
-            # a cell is handed to a process only while time remains: none is spawned to idle
+            # a cell is handed to a free process only while time remains, so it starts at once
             while pending and len(running) < args.parallel and time.time() <= deadline:
                 name = pending.pop(0)
-                running[pool.submit(worker, configs[name], num_clients, deadline, threads)] = name
+                running[pool.submit(worker, configs[name], num_clients, threads)] = name
             if not running:
                 break
             finished_now, _ = wait(running, return_when=FIRST_COMPLETED)
             for future in finished_now:
                 name = running.pop(future)
-                result = future.result()
-                if result is None:  # the deadline passed while it waited for its process
-                    pending.append(name)
-                    continue
-                record, wall = result
+                record, wall = future.result()
                 row = {"run": name, "wall_s": wall, "last3": last3(record),
                        "stages_s": record["timings"]}
                 if name in recorded:
@@ -171,9 +165,8 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(row)
                 print(f"[rerun {len(rows)}/{len(todo)} {name}] {wall:.1f} s, last 3 rounds "
                       f"{row['last3']:.2f} %", flush=True)
-    skipped = [n for n in todo if n in pending]
-    if skipped:
-        print(f"[rerun] the time was up before {len(skipped)} cells: {skipped}; run the same "
+    if pending:
+        print(f"[rerun] the time was up before {len(pending)} cells: {pending}; run the same "
               "command again to go on", flush=True)
     out.mkdir(parents=True, exist_ok=True)
     (out / "rerun.json").write_text(json.dumps({"device": label, "rows": rows}, indent=1))
