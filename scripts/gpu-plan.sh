@@ -18,11 +18,13 @@
 #     uvicorn==0.49.0 dill==0.4.1 multiprocess==0.70.19 cryptography==50.0.2 cffi==2.1.1 \
 #     pycparser==3.12 pydantic==2.14.4 pydantic-core==2.50.5 mako==1.4.3 greenlet==3.5.6 \
 #     annotated-types==0.8.0 typing-inspection==0.4.5 wcwidth==0.9.4); the four
-# Fashion-MNIST .gz files in .devdata/fmnist/; inputs a plan names (the G2 files of
+# Fashion-MNIST files in .devdata/fmnist/ (the Debian .gz, or the raw files
+# as .xz, 26 MB against 30: the whole copy sent must stay under 64 MiB); inputs a plan names (the G2 files of
 # conf/bench/fmnist-table2.yaml in results/g2/, made on the CPU beforehand: three
 # pretrain_generator processes at once with 16 threads each crawl). Records of an earlier call
 # in results/rerun/<plan>/ are skipped (the call resumes: unpack its records.tgz there and
-# send it along). Prefixes order the runs: the ones
+# send it along), and so are those in RESUME_FROM=<folder> (e.g. docs/records/<plan>: committed
+# records travel without a carry). Prefixes order the runs: the ones
 # named first start first (give the longest, so the plan ends soonest), then by seed.
 # PAR runs at once (8 on 16 cores; 12 was not faster), MINUTES: start no run after, BUDGET:
 # seconds before everything stops. Comes back in $OUT: records.tgz (results/rerun/<plan>:
@@ -35,12 +37,26 @@ if compgen -G ".whl/*.whl" >/dev/null && [ ! -d /tmp/site/flwr ]; then  # once a
         --target /tmp/site .whl/*.whl || exit 3
 fi
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-if [ -d .devdata/fmnist ]; then
-    mkdir -p /usr/share/datasets/fashion-mnist && cp .devdata/fmnist/*.gz /usr/share/datasets/fashion-mnist/
+if [ -d .devdata/fmnist ]; then  # the Debian files, as .gz or (4 MB smaller) as raw .xz
+    mkdir -p /usr/share/datasets/fashion-mnist
+    python3 - <<'PY' || exit 4
+import gzip, lzma, shutil
+from pathlib import Path
+to = Path("/usr/share/datasets/fashion-mnist")
+for f in Path(".devdata/fmnist").iterdir():
+    if f.suffix == ".gz":
+        shutil.copy(f, to / f.name)
+    elif f.suffix == ".xz":
+        with lzma.open(f) as src, gzip.open(to / (f.stem + ".gz"), "wb", compresslevel=1) as dst:
+            shutil.copyfileobj(src, dst)
+PY
 fi
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
 name=$(python3 -c "import yaml,sys;print(yaml.safe_load(open(sys.argv[1]))['name'])" "$plan")
 mkdir -p "results/rerun/$name"
+if [ -n "${RESUME_FROM:-}" ]; then  # records committed earlier (tracked, so they travel free)
+    (cd "$RESUME_FROM" && find . -name record.json -exec cp --parents {} "$OLDPWD/results/rerun/$name/" \;)
+fi
 pack() {
     (cd results/rerun && find "$name" \( -name '*.json' -o -path '*/generators/*' \) -type f \
         | tar czf "$OUT/r.tmp" -T - && mv "$OUT/r.tmp" "$OUT/records.tgz")
