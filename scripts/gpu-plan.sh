@@ -19,8 +19,10 @@
 #     pycparser==3.12 pydantic==2.14.4 pydantic-core==2.50.5 mako==1.4.3 greenlet==3.5.6 \
 #     annotated-types==0.8.0 typing-inspection==0.4.5 wcwidth==0.9.4); the four
 # Fashion-MNIST files in .devdata/fmnist/ (the Debian .gz, or the raw files as .xz, 26 MB
-# against 30, as the whole copy sent must stay under 64 MiB: for f in
-# /usr/share/datasets/fashion-mnist/*.gz; do zcat $f | xz -9 > .devdata/fmnist/$(basename $f .gz).xz; done); inputs a plan names (the G2 files of
+# against 30, as the whole copy sent must stay under 64 MiB:
+#   for f in /usr/share/datasets/fashion-mnist/*.gz; do
+#     zcat $f | xz -9 > .devdata/fmnist/$(basename $f .gz).xz; done
+# ); inputs a plan names (the G2 files of
 # conf/bench/fmnist-table2.yaml in results/g2/, made on the CPU beforehand: three
 # pretrain_generator processes at once with 16 threads each crawl). Records of an earlier call
 # in results/rerun/<plan>/ are skipped (the call resumes: unpack its records.tgz there and
