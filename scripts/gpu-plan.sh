@@ -58,7 +58,8 @@ nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
 name=$(python3 -c "import yaml,sys;print(yaml.safe_load(open(sys.argv[1]))['name'])" "$plan")
 mkdir -p "results/rerun/$name"
 if [ -n "${RESUME_FROM:-}" ]; then  # records committed earlier (tracked, so they travel free)
-    (cd "$RESUME_FROM" && find . -name record.json -exec cp --parents {} "$OLDPWD/results/rerun/$name/" \;)
+    (cd "$RESUME_FROM" \
+        && find . -name record.json -exec cp --parents {} "$OLDPWD/results/rerun/$name/" \;)
 fi
 pack() {
     (cd results/rerun && find "$name" \( -name '*.json' -o -path '*/generators/*' \) -type f \
