@@ -30,8 +30,10 @@
 # records travel without a carry). Prefixes order the runs: the ones
 # named first start first (give the longest, so the plan ends soonest), then by seed.
 # PAR runs at once (8 on 16 cores; 12 was not faster), MINUTES: start no run after, BUDGET:
-# seconds before everything stops. Comes back in $OUT: records.tgz (results/rerun/<plan>:
-# records and the generator cache), log.txt.
+# seconds before everything stops. One plan at a time: each rerun gives its processes the
+# host's cores / PAR threads as if alone, and two plans at once ran three to four times
+# slower. Comes back in $OUT: records.tgz (results/rerun/<plan>: records and the generator
+# cache), log.txt.
 set -u
 plan=$1; shift
 OUT=${OUT:?set OUT to the folder the records go to}
