@@ -2,14 +2,19 @@
 pickles, an ImageFolder tree; and the one-line errors of a bad folder."""
 
 import pickle
+import threading
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 
+import fedgo_flwr.data.cifar as cifar
+import fedgo_flwr.data.fmnist as fmnist
+from conftest import write_tiny_fmnist
 from fedgo_flwr.config import Config
 from fedgo_flwr.data import DATASETS, client_data, load_dataset, server_data
+from fedgo_flwr.data.lock import fetching
 from fedgo_flwr.keys import ConfigError
 
 pytestmark = pytest.mark.unit
@@ -55,6 +60,32 @@ def test_a_corrupt_cifar_file_names_the_folder_and_the_fix(tmp_path):
     (tmp_path / "cifar-10-batches-py" / "data_batch_3").write_bytes(b"not a pickle")
     with pytest.raises(RuntimeError, match="cannot read the files in .*cifar-10-batches-py"):
         load_dataset("cifar10", tmp_path)
+
+
+@pytest.mark.parametrize("dataset", ["fmnist", "cifar10"])
+def test_a_process_that_finds_the_data_missing_waits_for_the_one_fetching_it(tmp_path,
+                                                                           monkeypatch, dataset):
+    # Ray's clients, parallel runs or SuperNodes sharing a folder on a fresh machine: one
+    # fetches, the others wait for it and read its files (they neither download into the
+    # same place at once nor read a half-written file).
+    def no_network(self):
+        raise RuntimeError("this test has no network")
+
+    monkeypatch.setattr(fmnist, "DEBIAN_DIR", tmp_path / "nowhere")
+    monkeypatch.setattr(fmnist.FashionMNIST, "download", no_network)
+    monkeypatch.setattr(cifar.CIFAR10, "download", no_network)
+    root, loaded = tmp_path / "data", {}
+    waiter = threading.Thread(target=lambda: loaded.update(x=DATASETS[dataset](root, 0).train_x))
+    with fetching(root):  # another process is fetching
+        waiter.start()
+        waiter.join(timeout=1.0)
+        assert waiter.is_alive()  # waiting, not downloading (which fails at once here)
+        if dataset == "fmnist":  # what the fetcher writes
+            write_tiny_fmnist(root / "FashionMNIST" / "raw", n_train=40, n_test=10)
+        else:
+            write_cifar(root, 10)
+    waiter.join(timeout=60)
+    assert loaded["x"].shape[0] == (40 if dataset == "fmnist" else 100)
 
 
 def write_folder(root, classes=("cat", "dog", "owl"), per_class=4, size=(20, 20), seed=0):

@@ -14,6 +14,8 @@ from pathlib import Path
 import torch
 from torchvision.datasets import CIFAR10, CIFAR100
 
+from fedgo_flwr.data.lock import fetching
+
 
 def present(cls: type[CIFAR10]) -> type[CIFAR10]:
     """torchvision's reader `cls` for files that are present, whatever their checksums."""
@@ -39,28 +41,39 @@ def load_cifar(root: Path, classes: int):
     reader = present(official)
     probe = reader.__new__(reader)
     probe.root = str(root)
-    folder = Path(root) / official.base_folder
     if probe._check_integrity():
-        try:
-            train, test = reader(str(root), train=True), reader(str(root), train=False)
-        except (pickle.UnpicklingError, EOFError, KeyError, ValueError) as err:
-            raise RuntimeError(f"CIFAR-{classes}: cannot read the files in {folder} ({err!r}); "
-                               "replace them with the python version of the official archive "
-                               f"({official.url}), extracted") from None
+        train, test = read(reader, root, classes)
     else:
-        try:
-            train = official(str(root), train=True, download=True)
-            test = official(str(root), train=False, download=True)
-        except (OSError, RuntimeError) as err:  # no network: URLError is an OSError
-            why = " ".join(str(err).split())
-            raise RuntimeError(
-                f"CIFAR-{classes} is not in {folder} and downloading it failed ({why}). Fix: "
-                "set run-config key data-dir (or $FEDGO_DATA_DIR) to a folder holding "
-                f"{official.base_folder}/, the python version of {official.url} extracted"
-            ) from None
+        with fetching(root):  # the first process downloads; others wait here, then read
+            if not probe._check_integrity():
+                download(official, root, classes)
+            train, test = read(reader, root, classes)
 
     def images(ds) -> torch.Tensor:
         return torch.from_numpy(ds.data).permute(0, 3, 1, 2).contiguous()
 
     return (images(train), torch.tensor(train.targets, dtype=torch.long), images(test),
             torch.tensor(test.targets, dtype=torch.long), tuple(train.classes))
+
+
+def read(reader: type[CIFAR10], root: Path, classes: int) -> tuple:
+    try:
+        return reader(str(root), train=True), reader(str(root), train=False)
+    except (pickle.UnpicklingError, EOFError, KeyError, ValueError) as err:
+        raise RuntimeError(f"CIFAR-{classes}: cannot read the files in "
+                           f"{Path(root) / reader.base_folder} ({err!r}); replace them with the "
+                           f"python version of the official archive ({reader.url}), "
+                           "extracted") from None
+
+
+def download(official: type[CIFAR10], root: Path, classes: int) -> None:
+    """torchvision's download and check of the official archive, extracted into `root`."""
+    try:
+        official(str(root), train=True, download=True)
+    except (OSError, RuntimeError) as err:  # no network: URLError is an OSError
+        why = " ".join(str(err).split())
+        raise RuntimeError(
+            f"CIFAR-{classes} is not in {Path(root) / official.base_folder} and downloading it "
+            f"failed ({why}). Fix: set run-config key data-dir (or $FEDGO_DATA_DIR) to a "
+            f"folder holding {official.base_folder}/, the python version of {official.url} "
+            "extracted") from None

@@ -18,6 +18,8 @@ import torch
 from torchvision.datasets import FashionMNIST
 from torchvision.datasets.utils import extract_archive
 
+from fedgo_flwr.data.lock import fetching
+
 DEBIAN_DIR = Path("/usr/share/datasets/fashion-mnist")
 log = logging.getLogger(__name__)
 
@@ -28,22 +30,29 @@ def load_fmnist(root: Path) -> tuple:
     raw = root / "FashionMNIST" / "raw"
     probe = FashionMNIST.__new__(FashionMNIST)
     probe.root = str(root)
-    if not probe._check_exists():
-        if all((DEBIAN_DIR / name).is_file() for name, _ in FashionMNIST.resources):
-            raw.mkdir(parents=True, exist_ok=True)
-            # Into a private folder, then renamed: processes starting together on a fresh
-            # machine (Ray's clients, parallel runs) never read a half-written file.
-            with tempfile.TemporaryDirectory(dir=raw, prefix=".extract-") as private:
-                for name, _ in FashionMNIST.resources:
-                    extracted = extract_archive(str(DEBIAN_DIR / name), private)
-                    os.replace(extracted, raw / Path(extracted).name)
-            log.info("Fashion-MNIST: using the Debian files from %s", DEBIAN_DIR)
-        else:
-            log.info("Fashion-MNIST: not in %s nor %s; downloading", root, DEBIAN_DIR)
-    # download=True returns at once when the extracted files are already there.
+    if probe._check_exists():
+        return read(root)
+    with fetching(root):  # the first process fetches; others wait here, then read its files
+        if not probe._check_exists():
+            fetch(root, raw)
+        return read(root)
+
+
+def fetch(root: Path, raw: Path) -> None:
+    """The Debian files decompressed into `raw`, else torchvision's download."""
+    if all((DEBIAN_DIR / name).is_file() for name, _ in FashionMNIST.resources):
+        raw.mkdir(parents=True, exist_ok=True)
+        # Into a private folder, then renamed: a process that does not take the lock (one
+        # that found the files already there) never reads a half-written file.
+        with tempfile.TemporaryDirectory(dir=raw, prefix=".extract-") as private:
+            for name, _ in FashionMNIST.resources:
+                extracted = extract_archive(str(DEBIAN_DIR / name), private)
+                os.replace(extracted, raw / Path(extracted).name)
+        log.info("Fashion-MNIST: using the Debian files from %s", DEBIAN_DIR)
+        return
+    log.info("Fashion-MNIST: not in %s nor %s; downloading", root, DEBIAN_DIR)
     try:
-        train = FashionMNIST(str(root), train=True, download=True)
-        test = FashionMNIST(str(root), train=False, download=True)
+        FashionMNIST(str(root), train=True, download=True)
     except (OSError, RuntimeError) as err:  # no network: URLError is an OSError
         why = " ".join(str(err).split())  # torchvision's message spans lines
         raise RuntimeError(
@@ -51,5 +60,10 @@ def load_fmnist(root: Path) -> tuple:
             f"({why}). Fix: set run-config key data-dir (or $FEDGO_DATA_DIR) to a folder "
             "holding FashionMNIST/raw/{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz], or "
             "install the offline copy: apt-get install dataset-fashion-mnist") from None
+
+
+def read(root: Path) -> tuple:
+    train = FashionMNIST(str(root), train=True)
+    test = FashionMNIST(str(root), train=False)
     return (train.data.unsqueeze(1), train.targets.long(),
             test.data.unsqueeze(1), test.targets.long(), tuple(train.classes))

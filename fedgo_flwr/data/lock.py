@@ -1,0 +1,29 @@
+"""One process at a time fetches a dataset into a folder.
+
+Ray's clients, parallel runs and SuperNodes sharing a data folder can all find a dataset
+missing at once; without a lock each downloads and extracts it into the same place and one
+reads another's half-written file. `fetching(root)` holds an exclusive lock on
+<root>/.fedgo-fetch.lock: the first process fetches, the others wait, look again and read.
+A dataset already there is read without it. POSIX only (fcntl); elsewhere no lock is taken."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None
+
+LOCK_NAME = ".fedgo-fetch.lock"
+
+
+@contextmanager
+def fetching(root: Path):
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / LOCK_NAME, "a") as handle:
+        if fcntl is not None:
+            fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file closes
+        yield
