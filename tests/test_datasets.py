@@ -223,3 +223,13 @@ def test_imagenet100_is_its_100_synsets_at_32_or_64_pixels(tmp_path):
     with pytest.raises(RuntimeError, match=r"not ImageNet100's 100 synsets \(1 missing: "
                                            r"n02869837; 1 not in the list: n99999999\)"):
         load_dataset("imagenet100", tmp_path, 16)
+
+
+def test_missing_data_in_a_folder_it_cannot_write_names_the_fix(tmp_path, monkeypatch):
+    def no_network(self):
+        raise RuntimeError("this test has no network")
+
+    monkeypatch.setattr(cifar.CIFAR10, "download", no_network)
+    (tmp_path / "file").write_text("")  # a data-dir below a file: nothing can be created there
+    with pytest.raises(RuntimeError, match="CIFAR-10 is not in .* Fix: set run-config key"):
+        cifar.load_cifar(tmp_path / "file" / "data", 10)

@@ -21,9 +21,13 @@ LOCK_NAME = ".fedgo-fetch.lock"
 
 @contextmanager
 def fetching(root: Path):
-    root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / LOCK_NAME, "a") as handle:
+    try:
+        Path(root).mkdir(parents=True, exist_ok=True)
+        handle = open(Path(root) / LOCK_NAME, "a")
+    except OSError:  # a folder it cannot write: the fetch fails there, naming the fix
+        yield
+        return
+    with handle:
         if fcntl is not None:
             fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file closes
         yield
