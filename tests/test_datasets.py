@@ -62,15 +62,16 @@ def test_a_corrupt_cifar_file_names_the_folder_and_the_fix(tmp_path):
         load_dataset("cifar10", tmp_path)
 
 
+def no_network(self):
+    raise RuntimeError("this test has no network")
+
+
 @pytest.mark.parametrize("dataset", ["fmnist", "cifar10"])
 def test_a_process_that_finds_the_data_missing_waits_for_the_one_fetching_it(tmp_path,
                                                                            monkeypatch, dataset):
     # Ray's clients, parallel runs or SuperNodes sharing a folder on a fresh machine: one
     # fetches, the others wait for it and read its files (they neither download into the
     # same place at once nor read a half-written file).
-    def no_network(self):
-        raise RuntimeError("this test has no network")
-
     monkeypatch.setattr(fmnist, "DEBIAN_DIR", tmp_path / "nowhere")
     monkeypatch.setattr(fmnist.FashionMNIST, "download", no_network)
     monkeypatch.setattr(cifar.CIFAR10, "download", no_network)
@@ -226,9 +227,6 @@ def test_imagenet100_is_its_100_synsets_at_32_or_64_pixels(tmp_path):
 
 
 def test_missing_data_in_a_folder_it_cannot_write_names_the_fix(tmp_path, monkeypatch):
-    def no_network(self):
-        raise RuntimeError("this test has no network")
-
     monkeypatch.setattr(cifar.CIFAR10, "download", no_network)
     (tmp_path / "file").write_text("")  # a data-dir below a file: nothing can be created there
     with pytest.raises(RuntimeError, match="CIFAR-10 is not in .* Fix: set run-config key"):

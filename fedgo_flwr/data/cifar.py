@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from torchvision.datasets import CIFAR10, CIFAR100
 
-from fedgo_flwr.data.lock import fetching
+from fedgo_flwr.data.lock import fetch_once
 
 
 def present(cls: type[CIFAR10]) -> type[CIFAR10]:
@@ -41,13 +41,8 @@ def load_cifar(root: Path, classes: int):
     reader = present(official)
     probe = reader.__new__(reader)
     probe.root = str(root)
-    if probe._check_integrity():
-        train, test = read(reader, root, classes)
-    else:
-        with fetching(root):  # the first process downloads; others wait here, then read
-            if not probe._check_integrity():
-                download(official, root, classes)
-            train, test = read(reader, root, classes)
+    fetch_once(root, probe._check_integrity, lambda: download(official, root, classes))
+    train, test = read(reader, root, classes)
 
     def images(ds) -> torch.Tensor:
         return torch.from_numpy(ds.data).permute(0, 3, 1, 2).contiguous()

@@ -18,7 +18,7 @@ import torch
 from torchvision.datasets import FashionMNIST
 from torchvision.datasets.utils import extract_archive
 
-from fedgo_flwr.data.lock import fetching
+from fedgo_flwr.data.lock import fetch_once
 
 DEBIAN_DIR = Path("/usr/share/datasets/fashion-mnist")
 log = logging.getLogger(__name__)
@@ -30,12 +30,8 @@ def load_fmnist(root: Path) -> tuple:
     raw = root / "FashionMNIST" / "raw"
     probe = FashionMNIST.__new__(FashionMNIST)
     probe.root = str(root)
-    if probe._check_exists():
-        return read(root)
-    with fetching(root):  # the first process fetches; others wait here, then read its files
-        if not probe._check_exists():
-            fetch(root, raw)
-        return read(root)
+    fetch_once(root, probe._check_exists, lambda: fetch(root, raw))
+    return read(root)
 
 
 def fetch(root: Path, raw: Path) -> None:
