@@ -185,8 +185,9 @@ def seed_differences(records: list[dict], of: str = FOCUS,
                 cells[(alpha, rec["config"]["seed"])][label(rec)] = last_mean(
                     rec, last or len(rec["rounds"]), metric)
     others = sorted({name for row in cells.values() for name in row} - {of})
-    what = (f"{of} (%)" if last == 1 else f"{of}, mean of last {last} (%)" if last
-            else f"{of}, mean over all rounds (%)")
+    shown = of if metric == "server_test_acc" else f"{of} {metric.removesuffix('_test_acc')}"
+    what = (f"{shown} (%)" if last == 1 else f"{shown}, mean of last {last} (%)" if last
+            else f"{shown}, mean over all rounds (%)")
     lines = [f"| alpha | seed | {what} | " + " | ".join(f"{of} − {o}" for o in others) + " |",
              "|" + "---|" * (3 + len(others))]
     for (alpha, seed), row in sorted(cells.items(), key=lambda kv: (-kv[0][0], kv[0][1])):
@@ -440,7 +441,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--of", metavar="LABEL",
                         help="per-seed differences of this row (as the tables name it, e.g. "
                              "'fedgo[beta=4]') to every other row, in the last round, over the "
-                             "last three and over all rounds")
+                             "last three and over all rounds (with --personalised: of the "
+                             "personalised accuracy)")
     parser.add_argument("--personalised", action="store_true",
                         help="the clients' accuracy on their personal test splits "
                              "(personal-test-fraction) beside the server's, per row")
@@ -474,6 +476,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.personalised:
         print(personal_table(records))
+        for last in SEED_WINDOWS if args.of else ():
+            print("\n" + seed_differences(records, of=args.of, metric="personalised_test_acc",
+                                           last=last))
         return 0
     if args.gap:
         print(gap_table(records, of=args.of or FOCUS))

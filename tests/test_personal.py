@@ -68,9 +68,16 @@ def test_a_malformed_personal_score_is_rejected(tiny_config):
 
 @pytest.mark.unit
 def test_the_report_sets_personalised_beside_server_accuracy():
-    from fedgo_lab.report import personal_table
+    from fedgo_lab.report import personal_table, seed_differences
     rec = lambda seed, acc: {"config": {"strategy": "fedavg", "alpha": 0.1, "seed": seed},  # noqa
                              "rounds": [{"round": t, "server_test_acc": 0.5,
                                          "personalised_test_acc": acc} for t in range(3)]}
     table = personal_table([rec(0, 0.8), rec(1, 0.6)])
     assert "| fedavg | 0.1 | 0,1 | 70.00 ± 14.14 | 70.00 ± 14.14 | 50.00 ± 0.00 |" in table
+    bpg = {"config": {"strategy": "fedbpg", "alpha": 0.1, "seed": 1},
+           "rounds": [{"round": t, "server_test_acc": 0.4, "personalised_test_acc": 0.9}
+                      for t in range(3)]}
+    lines = seed_differences([rec(0, 0.8), rec(1, 0.6), bpg], of="fedbpg",
+                             metric="personalised_test_acc").splitlines()
+    assert lines[0] == "| alpha | seed | fedbpg personalised (%) | fedbpg − fedavg |"
+    assert lines[2:] == ["| 0.1 | 1 | 90.0 | +30.0 |"]  # seed 0 has no fedbpg row
