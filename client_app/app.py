@@ -1,6 +1,6 @@
 """ClientApp: hands each message to the running strategy's handler for its message type.
 
-Handlers live with their strategy (fedgo_flwr/strategies/<name>.py) and are registered with it;
+Handlers live with their strategy (fedgo_app/strategies/<name>.py) and are registered with it;
 this file registers every message type some strategy answers and never changes when a
 strategy is added. FedAvg's clients answer query (partition id, n_k), train (ClientUpdate)
 and evaluate; FedGO's also train.discriminator (Algorithm 3).
@@ -11,9 +11,9 @@ from __future__ import annotations
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
-from fedgo_flwr.client_context import Local
-from fedgo_flwr.config import Config
-from fedgo_flwr.strategies import STRATEGIES
+from fedgo_app.client_context import Local
+from fedgo_app.config import Config
+from fedgo_app.strategies import STRATEGIES
 
 app = ClientApp()
 

@@ -8,7 +8,10 @@ import torch
 
 
 def to_unit_range(x: torch.Tensor) -> torch.Tensor:
-    """uint8 pixels -> float in [-1, 1] (paper, App. E.2)."""
+    """uint8 pixels -> float in [-1, 1] (paper, App. E.2); float images are taken as they are
+    (a library user's own inputs, fedgo_flwr/inputs.py)."""
+    if x.is_floating_point():
+        return x.float()
     return x.float().div_(127.5).sub_(1.0)
 
 

@@ -174,3 +174,32 @@ def log_odds(discriminator: Discriminator, x: torch.Tensor, *, device: torch.dev
         return apply_in_batches(discriminator.log_odds, x, device=device, flip=flip)
     a, b = calibration
     return apply_in_batches(discriminator.logit, x, device=device, flip=flip) * a + b
+
+
+def to_images(x: torch.Tensor) -> torch.Tensor:
+    """Generator output in [-1, 1] as uint8 images, the form U has."""
+    return ((x.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
+
+
+@torch.no_grad()
+def draw_images(generator: Generator, n: int, seed: int, device: torch.device) -> torch.Tensor:
+    """n images of G as uint8 [n, C, H, W], from seeded latents, drawn in batches of 512."""
+    gen = torch.Generator().manual_seed(seed)
+    generator.to(device).eval()
+    parts = [to_images(generator(torch.randn(len(idx), generator.latent_dim,
+                                             generator=gen).to(device)).cpu())
+             for idx in torch.arange(n).split(512)]
+    generator.cpu()
+    return torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8)
+
+
+def hold_out(x: torch.Tensor, fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A seeded split of x into (training, held-out) with about `fraction` held out (at least
+    one image each side when fraction > 0)."""
+    if fraction <= 0:
+        return x, x[:0]
+    if len(x) < 2:
+        raise ValueError(f"calibrating D_k needs at least 2 images, this client has {len(x)}")
+    order = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))
+    held = min(len(x) - 1, max(1, round(fraction * len(x))))
+    return x[order[held:]], x[order[:held]]

@@ -46,7 +46,7 @@ from pathlib import Path
 
 import yaml
 
-from fedgo_flwr.config import Config, ConfigError
+from fedgo_app.config import Config, ConfigError
 from fedgo_lab.central import central_run_config, train_central
 from fedgo_lab.cli import add_out_flag, add_repo_flag, repo_of
 from fedgo_lab.report import (CENTRAL, FOCUS, by_alpha, label, load_records, plot_rounds,

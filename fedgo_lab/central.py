@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-from fedgo_flwr.config import Config
-from fedgo_flwr.data import dataset, server_data, split_indices
+from fedgo_app.config import Config
+from fedgo_app.data import dataset, server_data, split_indices
 from fedgo_flwr.models import create_classifier
 from fedgo_flwr.seeds import round_seed
 from fedgo_flwr.train import evaluate, resolve_device, train_classifier

@@ -9,7 +9,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from fedgo_flwr.config import Config, ConfigError
+from fedgo_app.config import Config, ConfigError
 
 
 def add_config_flag(parser: argparse.ArgumentParser, default_text: str = "") -> None:

@@ -1,4 +1,4 @@
-"""Write a trained generator in the portable generator-file format (fedgo_flwr.generators), for
+"""Write a trained generator in the portable generator-file format (fedgo_app.generators), for
 `generator-source = "load"`: an off-the-shelf G (FedGO's G2) that another run, another
 dataset split or another user trained.
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from fedgo_flwr.generators import FORMAT, load_generator_file, save_generator_file
+from fedgo_app.generators import FORMAT, load_generator_file, save_generator_file
 from fedgo_flwr.models import Generator
 
 

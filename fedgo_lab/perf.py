@@ -35,7 +35,7 @@ import time
 
 import torch
 
-from fedgo_flwr.config import Config
+from fedgo_app.config import Config
 from fedgo_flwr.distill import (batch_images, distill, draw_batches, kl_to_targets,
                                 pseudo_labels, view_pseudo_labels)
 from fedgo_flwr.gan import log_odds
@@ -114,7 +114,7 @@ def teachers_of(cfg: Config, num_teachers: int, image_shape, num_classes: int, s
 
 
 def pseudo_labelling_benchmark(cfg: Config, device, epochs: int) -> dict:
-    from fedgo_flwr.data import dataset, server_data
+    from fedgo_app.data import dataset, server_data
 
     data = dataset(cfg)
     u, _, _ = server_data(cfg)

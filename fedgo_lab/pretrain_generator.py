@@ -24,8 +24,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedgo_flwr import data
-from fedgo_flwr.generators import fit_wgan_gp, new_generator, save_generator_file
+from fedgo_app import data
+from fedgo_app.generators import fit_wgan_gp, new_generator, save_generator_file
 from fedgo_lab.cli import add_config_flag, config_from
 
 

@@ -34,7 +34,7 @@ from collections import defaultdict
 from functools import partial
 from pathlib import Path
 
-from fedgo_flwr.strategies import STRATEGIES
+from fedgo_app.strategies import STRATEGIES
 
 
 def load_records(*roots: Path) -> list[dict]:

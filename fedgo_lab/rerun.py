@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from fedgo_flwr.config import Config, ConfigError
+from fedgo_app.config import Config, ConfigError
 from fedgo_flwr.train import device_name, resolve_device
 from fedgo_lab.bench import Cell, PlanError, cells_of, finished, load_plan
 from fedgo_lab.cli import add_config_flag, add_out_flag, add_repo_flag, config_values, repo_of

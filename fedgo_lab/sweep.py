@@ -27,19 +27,20 @@ import time
 
 import torch
 
-from fedgo_flwr.config import Config
-from fedgo_flwr.data import client_data, dataset, server_data
+from fedgo_app.config import Config
+from fedgo_app.data import client_data, dataset, server_data
 from fedgo_flwr.diagnostics import (CLASS_COUNT_FROM_AVERAGED, CLASS_COUNT_FROM_OWN, ORACLE,
                                     WITH_AVERAGED, ensemble_diagnostics)
 from fedgo_flwr.gan import (Negatives, calibrate_discriminator, generator_negatives,
                             image_negatives, log_odds, train_discriminator, train_wgan_gp)
-from fedgo_flwr.generator_cache import generator_description, load_generator, save_generator
+from fedgo_app.generator_cache import generator_description, load_generator, save_generator
 from fedgo_flwr.models import Critic, create_classifier
 from fedgo_flwr.seeds import client_seed, round_seed
-from fedgo_flwr.server.clients import sample_partitions
-from fedgo_flwr.strategies.base import ClientModel, weighted_average
-from fedgo_flwr.generators import new_generator
-from fedgo_flwr.strategies.fedgo import hold_out, new_local_discriminator, server_sample
+from fedgo_app.server.clients import sample_partitions
+from fedgo_app.strategies.base import ClientModel, weighted_average
+from fedgo_app.generators import new_generator
+from fedgo_app.strategies.fedgo import new_local_discriminator, server_sample
+from fedgo_flwr.gan import hold_out
 from fedgo_flwr.teachers import teacher_logits
 from fedgo_flwr.train import evaluate, resolve_device, train_classifier
 from fedgo_flwr.weighting import odds_weights

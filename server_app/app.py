@@ -16,12 +16,12 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
 from fedgo_flwr.architectures import parse_client_models
-from fedgo_flwr.config import Config, ConfigError
-from fedgo_flwr.data import dataset, server_data, validation_data
+from fedgo_app.config import Config, ConfigError
+from fedgo_app.data import dataset, server_data, validation_data
 from fedgo_flwr.models import classifier_fits
-from fedgo_flwr.server import checkpoint
-from fedgo_flwr.server.record import RunRecord, format_table
-from fedgo_flwr.strategies import STRATEGIES, ServerSetup
+from fedgo_app.server import checkpoint
+from fedgo_app.server.record import RunRecord, format_table
+from fedgo_app.strategies import STRATEGIES, ServerSetup
 from fedgo_flwr.train import device_name, resolve_device
 
 app = ServerApp()

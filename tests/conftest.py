@@ -51,7 +51,7 @@ def tiny_data_dir(tmp_path_factory) -> Path:
 @pytest.fixture
 def tiny_config(tiny_data_dir, tmp_path):
     """A FedGO config small enough for a few seconds per run."""
-    from fedgo_flwr.config import Config
+    from fedgo_app.config import Config
     return Config().replace(
         data_dir=str(tiny_data_dir), results_dir=str(tmp_path / "results"), run_name="tiny",
         num_server_rounds=2, fraction_train=0.5, local_epochs=1, server_epochs=1,

@@ -10,9 +10,9 @@ import torch
 
 import client_app.app as client_module
 from fedgo_flwr.architectures import architecture_of, join, parse_client_models, split
-from fedgo_flwr.config import ConfigError
+from fedgo_app.config import ConfigError
 from fedgo_flwr.models import create_classifier
-from fedgo_flwr.server import checkpoint
+from fedgo_app.server import checkpoint
 from fedgo_lab.inprocess import InProcessGrid
 from server_app.app import run
 

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-import fedgo_flwr.strategies.base as base
+import fedgo_app.strategies.base as base
 from client_app.app import app as client_app
-from fedgo_flwr.attacks import INFLATED_EXAMPLES, byzantine_partitions
+from fedgo_app.attacks import INFLATED_EXAMPLES, byzantine_partitions
 from fedgo_flwr.gan import log_odds
 from fedgo_flwr.keys import ConfigError
 from fedgo_flwr.models import Discriminator
@@ -109,7 +109,7 @@ def test_label_flip_trains_the_liar_on_flipped_labels(tiny_config, monkeypatch):
     monkeypatch.setattr(base, "train_classifier", spy)
     cfg = tiny_config.replace(strategy="fedavg", attack="label-flip", byzantine_partitions="1")
     _run(cfg)
-    from fedgo_flwr import data
+    from fedgo_app import data
     truth = {p: data.client_data(cfg, p, 4) for p in range(4)}
     for x, y in seen.values():
         p = next(p for p, (tx, _) in truth.items() if torch.equal(tx, x))
@@ -205,7 +205,7 @@ def test_colluding_liars_send_byzfls_attack_on_the_honest_updates(attack):
     """ALIE: theta_g + mean + tau * std (ddof 1) of the honest updates; IPM: theta_g - tau x
     their mean; honest models and integer buffers untouched."""
     pytest.importorskip("byzfl")
-    from fedgo_flwr.attacks import colluded
+    from fedgo_app.attacks import colluded
     torch.manual_seed(1)
     sent = {"w": torch.randn(3, 2), "count": torch.tensor(4)}
     states = [{"w": sent["w"] + torch.randn(3, 2), "count": torch.tensor(9)} for _ in range(5)]

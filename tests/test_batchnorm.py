@@ -7,7 +7,7 @@ import torch
 
 from fedgo_flwr.distill import distill, draw_batches
 from fedgo_flwr.models import create_classifier
-from fedgo_flwr.strategies.base import ClientModel, weighted_average
+from fedgo_app.strategies.base import ClientModel, weighted_average
 from fedgo_flwr.teachers import teacher_logits
 
 CPU = torch.device("cpu")

@@ -5,7 +5,7 @@ import pytest
 import yaml
 
 from conftest import REPO
-from fedgo_flwr.config import Config
+from fedgo_app.config import Config
 from fedgo_lab import bench
 from fedgo_lab.bench import PlanError, cells_of, finished, load_plan, toml_text
 

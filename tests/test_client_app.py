@@ -8,7 +8,7 @@ from flwr.app import ArrayRecord, Message, RecordDict
 
 from client_app.app import app as client_app
 from fedgo_flwr.models import CNN, Discriminator, Generator
-from fedgo_flwr.server.clients import config_record
+from fedgo_app.server.clients import config_record
 from fedgo_lab.inprocess import InProcessGrid
 
 

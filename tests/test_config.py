@@ -3,7 +3,7 @@ import tomllib
 import pytest
 
 from conftest import REPO
-from fedgo_flwr.config import Config, ConfigError
+from fedgo_app.config import Config, ConfigError
 
 
 def test_pyproject_declares_every_key_with_the_config_default():

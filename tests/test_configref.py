@@ -3,7 +3,7 @@
 import pytest
 
 from conftest import REPO
-from fedgo_flwr.config import declared_keys
+from fedgo_app.config import declared_keys
 from fedgo_lab.configref import main, reference, toml_value
 
 pytestmark = pytest.mark.unit

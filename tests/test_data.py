@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 import torch
 
-import fedgo_flwr.data.fmnist as fmnist
+import fedgo_app.data.fmnist as fmnist
 from conftest import write_tiny_fmnist
 from fedgo_flwr.batches import random_hflip
-from fedgo_flwr.data import client_indices, distillation_indices, split_indices
-from fedgo_flwr.data.split import (PARTITIONERS, Partitioning, dirichlet_partitions,
+from fedgo_app.data import client_indices, distillation_indices, split_indices
+from fedgo_app.data.split import (PARTITIONERS, Partitioning, dirichlet_partitions,
                                    partition_pool, server_client_split)
 
 
@@ -101,7 +101,7 @@ def test_partition_seed_is_independent_of_alpha(tiny_config):
 
 
 def test_the_partitioner_key_chooses_the_clients_shares(tiny_config):
-    from fedgo_flwr.data import dataset
+    from fedgo_app.data import dataset
     labels = dataset(tiny_config).train_y.numpy()
     cfg = tiny_config.replace(partitioner="pathological", classes_per_client=1)
     assert [len(np.unique(labels[client_indices(cfg, k, 4)])) for k in range(4)] == [1] * 4

@@ -8,16 +8,17 @@ import numpy as np
 import pytest
 import torch
 
-import fedgo_flwr.data as data
+import fedgo_app.data as data
 from fedgo_flwr.keys import ConfigError
 from client_app.app import app as client_app
 from fedgo_flwr.gan import log_odds
-from fedgo_flwr.generators import draw_images, save_generator_file
+from fedgo_app.generators import save_generator_file
+from fedgo_flwr.gan import draw_images
 from fedgo_flwr.models import Generator
 from fedgo_flwr.seeds import round_seed
-from fedgo_flwr.server.record import RunRecord
-from fedgo_flwr.strategies import STRATEGIES
-from fedgo_flwr.strategies.base import ServerSetup
+from fedgo_app.server.record import RunRecord
+from fedgo_app.strategies import STRATEGIES
+from fedgo_app.strategies.base import ServerSetup
 from fedgo_flwr.train import resolve_device
 from fedgo_lab.inprocess import InProcessGrid
 from server_app.app import run

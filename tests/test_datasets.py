@@ -9,12 +9,12 @@ import pytest
 import torch
 from PIL import Image
 
-import fedgo_flwr.data.cifar as cifar
-import fedgo_flwr.data.fmnist as fmnist
+import fedgo_app.data.cifar as cifar
+import fedgo_app.data.fmnist as fmnist
 from conftest import write_tiny_fmnist
-from fedgo_flwr.config import Config
-from fedgo_flwr.data import DATASETS, client_data, load_dataset, server_data
-from fedgo_flwr.data.lock import fetching
+from fedgo_app.config import Config
+from fedgo_app.data import DATASETS, client_data, load_dataset, server_data
+from fedgo_app.data.lock import fetching
 from fedgo_flwr.keys import ConfigError
 
 pytestmark = pytest.mark.unit
@@ -206,7 +206,7 @@ def test_the_servers_unlabeled_set_can_come_from_another_dataset(tmp_path):
 
 
 def test_imagenet100_is_its_100_synsets_at_32_or_64_pixels(tmp_path):
-    from fedgo_flwr.data.imagenet100 import CLASSES
+    from fedgo_app.data.imagenet100 import CLASSES
     root = tmp_path / "imagenet100"
     for split in ("train", "val"):
         for i, wnid in enumerate(CLASSES):

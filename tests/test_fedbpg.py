@@ -1,4 +1,4 @@
-"""FedBPG as a strategy (fedgo_flwr/strategies/fedbpg.py): the server's tuning of the global
+"""FedBPG as a strategy (fedgo_app/strategies/fedbpg.py): the server's tuning of the global
 model on G's pseudo-data (Algorithm 1 of the appendix), the clients' fusion kept across rounds,
 the personalised accuracy, and the ablation switches, on the in-process grid (the real
 ServerApp and ClientApp code; the real runtime's run is in test_flwr_run.py)."""
@@ -12,8 +12,8 @@ from torch import nn
 
 import client_app.app as client_module
 from fedgo_flwr.bpg import tune_global, tuning_loss
-from fedgo_flwr.config import ConfigError
-from fedgo_flwr.strategies.fedbpg import ALPHAS, LOCAL_MODEL
+from fedgo_app.config import ConfigError
+from fedgo_app.strategies.fedbpg import ALPHAS, LOCAL_MODEL
 from fedgo_lab.inprocess import InProcessGrid
 from fedgo_lab.report import label
 from server_app.app import run
@@ -123,7 +123,7 @@ def test_fedbpg_needs_a_personal_test_split(tiny_config):
 
 
 def test_rows_name_the_ablations_and_a_partitioner_other_than_dirichlet():
-    from fedgo_flwr.strategies import STRATEGIES
+    from fedgo_app.strategies import STRATEGIES
     spec = STRATEGIES["fedbpg"]
     assert spec.label({"fedbpg-deep-personalisation": False}) == "fedbpg[w/o DP]"
     assert spec.label({"partitioner": "pathological"}) == "fedbpg[pathological]"

@@ -7,7 +7,7 @@ from torch import nn
 
 from client_app.app import app as client_app
 from conftest import tiny_images
-from fedgo_flwr.data import client_indices, distillation_indices, validation_indices
+from fedgo_app.data import client_indices, distillation_indices, validation_indices
 from fedgo_flwr.distill import distill_early_stopping, draw_batches
 from fedgo_flwr.train import evaluate
 from fedgo_lab.inprocess import InProcessGrid

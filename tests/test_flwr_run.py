@@ -254,7 +254,7 @@ def _write_hub(root):
 
 def write_imagenet100(root):
     from PIL import Image
-    from fedgo_flwr.data.imagenet100 import CLASSES
+    from fedgo_app.data.imagenet100 import CLASSES
     for split in ("train", "val"):
         for i, wnid in enumerate(CLASSES):
             (root / "imagenet100" / split / wnid).mkdir(parents=True)
@@ -312,7 +312,7 @@ def test_each_row_of_table_2_runs_through_flwr_run(row, tiny_data_dir, tmp_path,
     from U, from a file, or from the clients (FedGAN); distilled on U or on a generated set."""
     import tomllib
 
-    from fedgo_flwr.generators import save_generator_file
+    from fedgo_app.generators import save_generator_file
     from fedgo_flwr.models import Generator
     env, results = isolated_flwr, tmp_path / "results"
     preset = tomllib.loads((REPO / "conf" / "table2" / f"{row}.toml").read_text())

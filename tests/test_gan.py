@@ -9,7 +9,7 @@ import torch
 from fedgo_flwr.gan import (calibrate_discriminator, image_negatives, log_odds,
                             platt_calibration)
 from fedgo_flwr.models import Discriminator
-from fedgo_flwr.strategies.fedgo import hold_out
+from fedgo_flwr.gan import hold_out
 
 
 def test_calibration_keeps_a_perfectly_separable_discriminators_order():

@@ -4,10 +4,10 @@ import logging
 
 import torch
 
-from fedgo_flwr.data import server_data
-from fedgo_flwr.generator_cache import entry_path, generator_description
-from fedgo_flwr.server.record import RunRecord
-from fedgo_flwr.strategies import FedGO, ServerSetup
+from fedgo_app.data import server_data
+from fedgo_app.generator_cache import entry_path, generator_description
+from fedgo_app.server.record import RunRecord
+from fedgo_app.strategies import FedGO, ServerSetup
 
 CPU = torch.device("cpu")
 

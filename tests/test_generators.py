@@ -4,8 +4,9 @@ entry, and refused, naming both sides, when they do not fit the run."""
 import pytest
 import torch
 
-from fedgo_flwr.generator_cache import save_generator
-from fedgo_flwr.generators import (draw_images, load_generator_file, save_generator_file)
+from fedgo_app.generator_cache import save_generator
+from fedgo_app.generators import load_generator_file, save_generator_file
+from fedgo_flwr.gan import draw_images
 from fedgo_flwr.keys import ConfigError
 from fedgo_flwr.models import Generator
 from fedgo_lab.export_generator import export
@@ -73,7 +74,7 @@ def test_a_pretrained_stand_in_learns_only_from_images_no_run_of_its_seed_reads(
     """G2's stand-in (python -m fedgo_lab.pretrain_generator): trained on the server's half
     outside U and the validation split, never on a client's images; its file loads for the
     run's images."""
-    from fedgo_flwr import data
+    from fedgo_app import data
     from fedgo_lab.pretrain_generator import main, pretraining_indices
     cfg = tiny_config.replace(strategy="feddf", feddf_published=True, distill_size=100,
                               val_size=50, seed=1)

@@ -12,7 +12,7 @@ import pytest
 pytestmark = pytest.mark.unit
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("fedgo_flwr", "server_app", "client_app")
+PACKAGES = ("fedgo_flwr", "fedgo_app", "server_app", "client_app")
 
 
 def module_name(path: Path) -> str:
@@ -80,7 +80,7 @@ def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
 
 def test_the_library_has_no_import_circle():
     edges = graph()
-    assert edges["fedgo_flwr.config"] >= {"fedgo_flwr.strategies", "fedgo_flwr.data"}
+    assert edges["fedgo_app.config"] >= {"fedgo_app.strategies", "fedgo_app.data"}
     cycle = find_cycle(edges)
     assert cycle is None, " -> ".join(cycle)
 
@@ -96,14 +96,14 @@ def test_the_circle_check_finds_a_circle(tmp_path):
 
 def test_the_registries_never_import_the_config():
     edges = graph()
-    for registry in ("fedgo_flwr.strategies", "fedgo_flwr.data", "fedgo_flwr.models",
+    for registry in ("fedgo_app.strategies", "fedgo_app.data", "fedgo_flwr.models",
                      "fedgo_flwr.weighting", "fedgo_flwr.keys"):
         reach, todo = set(), [registry]
         while todo:
             for nxt in edges[todo.pop()] - reach:
                 reach.add(nxt)
                 todo.append(nxt)
-        assert "fedgo_flwr.config" not in reach, registry
+        assert "fedgo_app.config" not in reach, registry
 
 
 # Every library module and the apps import with these refused to them (not to the packages they

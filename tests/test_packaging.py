@@ -112,8 +112,8 @@ def test_the_fab_holds_the_app_and_nothing_else(tmp_path):
     assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
     (fab,) = out.glob("*.fab")
     names = zipfile.ZipFile(fab).namelist()
-    assert {"pyproject.toml", "server_app/app.py", "client_app/app.py", "fedgo_flwr/config.py",
-            "fedgo_flwr/strategies/fedgo.py", "conf/paper.toml"} <= set(names), names
+    assert {"pyproject.toml", "server_app/app.py", "client_app/app.py", "fedgo_app/config.py",
+            "fedgo_app/strategies/fedgo.py", "conf/paper.toml"} <= set(names), names
     harness = [n for n in names if n.startswith(("fedgo_lab/", "tests/", "scripts/", "docs/",
                                                   "conf/bench/"))]
     assert not harness, harness

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from client_app.app import app as client_app
-from fedgo_flwr import data
-from fedgo_flwr.client_context import personal_split
+from fedgo_app import data
+from fedgo_app.client_context import personal_split
 from fedgo_flwr.models import create_classifier
 from fedgo_flwr.seeds import client_seed
 from fedgo_flwr.train import evaluate

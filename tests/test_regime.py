@@ -3,7 +3,7 @@ value of the varied key, and FedGO's mechanism columns from its diagnostics."""
 
 import pytest
 
-from fedgo_flwr.config import Config
+from fedgo_app.config import Config
 from fedgo_lab.regime import lead_figure, main, regime_table, rules_table
 
 pytestmark = pytest.mark.unit

@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from conftest import REPO
-from fedgo_flwr.config import Config
+from fedgo_app.config import Config
 from fedgo_lab import rerun
 from fedgo_lab.bench import cells_of, load_plan
 

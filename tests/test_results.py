@@ -1,6 +1,6 @@
 import pytest
 
-from fedgo_flwr.server.record import format_table, round_line
+from fedgo_app.server.record import format_table, round_line
 from fedgo_lab.report import fedavg_target, plot_rounds, rounds_to_target, summary_table
 
 
@@ -35,7 +35,7 @@ def curve(strategy: str, seed: int, accs: list[float]) -> dict:
 
 def test_rows_are_named_by_the_strategys_spec_so_a_new_strategy_needs_no_report_edit(
         monkeypatch):
-    from fedgo_flwr.strategies import STRATEGIES, StrategySpec
+    from fedgo_app.strategies import STRATEGIES, StrategySpec
     monkeypatch.setitem(STRATEGIES, "fedtoy", StrategySpec(
         "fedtoy", server=None, marks=(("fedtoy-steps", 5, "{} steps"),)))
     recs = [curve("fedtoy", 0, [0.1, 0.5]), curve("fedtoy", 0, [0.1, 0.6])]

@@ -202,7 +202,7 @@ def _info_replies(cfg):
 
 
 def test_clients_send_their_label_histogram_only_when_the_diagnostics_ask(tiny_config):
-    from fedgo_flwr.data import client_data
+    from fedgo_app.data import client_data
     cfg = tiny_config.replace(num_server_rounds=1)
     record, infos = _info_replies(cfg)
     assert len(infos) == 4 and all("label-histogram" not in i for i in infos)
@@ -226,7 +226,7 @@ def test_feddf_diagnostics_score_the_rules_that_need_no_discriminator(tiny_confi
 
 def test_a_round_trains_two_clients_even_when_c_times_k_is_one(tiny_config, caplog):
     """Flower's default federation has 2 SuperNodes: C = 0.4 must still make an ensemble."""
-    from fedgo_flwr.server.clients import sample_partitions
+    from fedgo_app.server.clients import sample_partitions
     assert len(sample_partitions([0, 1], 0.4, seed=0, server_round=1)) == 2
     assert sample_partitions([0, 1, 2], 0.1, 0, 1, absent=frozenset({1})) == [0, 2]
     assert len(sample_partitions(list(range(20)), 0.4, 0, 1)) == 8  # floor(C K) above two
@@ -258,7 +258,7 @@ def test_the_guard_asks_clients_that_did_not_train_and_scores_as_they_do(tiny_co
     """distillation-guard = clients: the round's untrained clients receive the averaged and
     the distilled model; the record's scores are the n_k-weighted accuracies of those two
     models on their partitions, and the server keeps the one scored higher."""
-    from fedgo_flwr.data import client_data
+    from fedgo_app.data import client_data
     from fedgo_flwr.models import create_classifier
     from fedgo_flwr.train import evaluate
     cfg = _guard_config(tiny_config)

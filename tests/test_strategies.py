@@ -11,13 +11,13 @@ from flwr.app import ArrayRecord, Message, RecordDict
 
 import client_app.app as client_module
 from conftest import REPO
-from fedgo_flwr.client_context import Local, config_of, reply
-from fedgo_flwr.config import Config, ConfigError, check
+from fedgo_app.client_context import Local, config_of, reply
+from fedgo_app.config import Config, ConfigError, check
 from fedgo_flwr.models import CNN
-from fedgo_flwr.server.clients import config_record
-from fedgo_flwr.strategies import STRATEGIES, FedAvgStrategy, StrategySpec
-from fedgo_flwr.strategies.base import CLIENT
-from fedgo_flwr.strategies.fedprox import proximal_term
+from fedgo_app.server.clients import config_record
+from fedgo_app.strategies import STRATEGIES, FedAvgStrategy, StrategySpec
+from fedgo_app.strategies.base import CLIENT
+from fedgo_app.strategies.fedprox import proximal_term
 from fedgo_lab.inprocess import InProcessGrid
 from server_app.app import run
 
@@ -101,7 +101,7 @@ def test_a_message_type_the_running_strategy_does_not_answer_is_an_error_reply(t
 def test_every_declared_key_is_in_pyproject_with_its_default():
     import tomllib
     declared = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
-    from fedgo_flwr.config import strategy_declared
+    from fedgo_app.config import strategy_declared
     keys = strategy_declared()
     assert {d.name for d in keys} >= {"fedprox-mu", "feddf-published", "dafkd-gan-rounds"}
     for d in keys:
@@ -168,7 +168,7 @@ def test_fedprox_keys_are_validated(key, value, message):
 
 # ------------------------------------------------------------------ FedGen
 from fedgo_flwr.models import FeatureGenerator  # noqa: E402
-from fedgo_flwr.strategies.fedgen import train_feature_generator  # noqa: E402
+from fedgo_app.strategies.fedgen import train_feature_generator  # noqa: E402
 
 
 def _teacher_loss(generator, nets, weights, y, eps):
@@ -211,7 +211,7 @@ def test_fedgen_clients_learn_from_the_generated_features(tiny_config):
     prior = [0.1] * 10
     conf = config_record(local_epochs=5, batch_size=32, lr=1e-3, flip=False, random_crop=0,
                          optimizer="adam", momentum=0.9, seed=1, fedgen_alpha=10.0, label_prior=prior, noise_dim=32, hidden_dim=256)
-    from fedgo_flwr.strategies.fedgen import generated_feature_update
+    from fedgo_app.strategies.fedgen import generated_feature_update
     cfg = tiny_config.replace(strategy="fedgen")
     grid = InProcessGrid(client_module.app, cfg.to_run_config(), 4)
     local = Local.of(grid.nodes[1000], cfg)
@@ -262,8 +262,8 @@ def test_fedgen_sends_the_generator_from_round_two_and_rejects_bad_label_counts(
 def test_dafkd_averages_g_and_heads_by_n_k_and_weights_by_this_rounds_discriminators(
         tiny_config, monkeypatch):
     import dataclasses
-    from fedgo_flwr.strategies.base import ClientModel
-    from fedgo_flwr.strategies.dafkd import DaFKD, discriminator_head
+    from fedgo_app.strategies.base import ClientModel
+    from fedgo_app.strategies.dafkd import DaFKD, discriminator_head
     from fedgo_flwr.weighting import domain_aware_weights
 
     made = []
@@ -356,7 +356,7 @@ def test_dafkd_client_trains_a_partition_whose_last_minibatch_holds_one_image():
     """n_k = 1 mod batch-size: G's BatchNorm still gets two fakes (a real run's partition 14,
     seed 1, alpha 0.1, failed every round before)."""
     from fedgo_flwr.models import Generator, create_classifier
-    from fedgo_flwr.strategies.dafkd import discriminator_head, train_domain_aware
+    from fedgo_app.strategies.dafkd import discriminator_head, train_domain_aware
     torch.manual_seed(0)
     model = create_classifier("cnn", 1, 10, 28)
     generator = Generator(16, 1, 28, dim=8)

@@ -1,25 +1,10 @@
-"""The strategy registry: run-config `strategy` -> StrategySpec (server strategy, client
-handlers, declared keys). A new method is one module and one line here."""
+"""The library's strategies: Flower `FedAvg` subclasses whose `start()` works as Flower
+documents it (a pre-FL stage first where the method has one). One module per method, server
+and client side."""
 
-from fedgo_flwr.strategies.base import FEDAVG, FedAvgStrategy, ServerSetup
-from fedgo_flwr.strategies.dafkd import DAFKD
-from fedgo_flwr.strategies.fedbpg import FEDBPG
-from fedgo_flwr.strategies.feddf import FEDDF, FedDF
-from fedgo_flwr.strategies.fedgen import FEDGEN
-from fedgo_flwr.strategies.fedgo import FEDGO, FedGO
-from fedgo_flwr.strategies.fedprox import FEDPROX
-from fedgo_flwr.strategies.registry import Registry, StrategySpec
+from fedgo_flwr.strategies.dafkd import DaFKD
+from fedgo_flwr.strategies.ensemble import EnsembleDistillation
+from fedgo_flwr.strategies.feddf import FedDF
+from fedgo_flwr.strategies.fedgo import FedGO
 
-STRATEGIES = Registry()
-for spec in (
-    FEDAVG,
-    FEDDF,
-    FEDGO,
-    FEDPROX,
-    FEDGEN,
-    DAFKD,
-    FEDBPG,
-):
-    STRATEGIES.register(spec)
-
-__all__ = ["STRATEGIES", "FedAvgStrategy", "FedDF", "FedGO", "ServerSetup", "StrategySpec"]
+__all__ = ["DaFKD", "EnsembleDistillation", "FedDF", "FedGO"]

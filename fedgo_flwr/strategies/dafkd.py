@@ -1,57 +1,47 @@
 """DaFKD (Wang et al., CVPR 2023), domain-aware federated knowledge distillation, data-free.
 
-Every round each sampled client trains its classifier together with a discriminator D_k on it
-(a linear head on the classifier's latent layer, `features`) that tells S_k from the samples of
-the global generator G; in the first `dafkd-gan-rounds` rounds it also trains G against D_k
-(collaborative GAN). The server averages the classifiers, the discriminator heads and (in
-those rounds) G, all by n_k, generates the round's distillation set with the global G, and
-distils the averaged model on it with the ensemble weights w_k(x) = D_k(x) / sum_i D_i(x)
-(the FedGO paper's summary of DaFKD), D_k being this round's client k's discriminator.
-
-Where the FedGO paper's summary is silent this follows DaFKD's public code as algorithms.md
-records it: the discriminator is a head on the classifier trunk (so the trunk learns from the
-discriminator loss too; classifier and discriminator share one Adam optimiser, the generator has
-its own, betas (0.5, 0.999)); the generator is trained in the first rounds only, and sent down
-every round so the clients' discriminators keep facing it. The public code distils at
-temperature 10; here DaFKD uses the server update every ensemble strategy shares (temperature
-1, `server-epochs` passes, no labelled data), so DaFKD, FedDF and FedGO differ only where the
-methods differ. The generated images are stored as 8-bit images, as U is. The generator is
-FedGO's (`latent-dim`, `generator-width`); the server's unlabeled set U is not used.
-"""
+Each round a sampled client trains its classifier together with a discriminator D_k, a linear
+head on the classifier's latent layer (`features`), that tells its data from samples of the
+global generator G; in the first `gan_rounds` rounds it also trains G against D_k. The server
+averages the classifiers, the heads and (in those rounds) G by n_k, draws the round's
+distillation set from G, and distils the average toward the ensemble weighted by
+w_k(x) = D_k(x) / sum_i D_i(x) (the FedGO paper's summary of DaFKD). Where that summary is
+silent this follows DaFKD's public code (../shared/notes/algorithms.md); the distillation is
+the one every ensemble strategy here shares (temperature 1, no labelled data)."""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 from torch import nn
 
 from fedgo_flwr.batches import augment, to_unit_range
-from fedgo_flwr.client_context import Local, config_of, reply
-from fedgo_flwr.generators import draw_images
-from fedgo_flwr.keys import NON_NEGATIVE, key
-from fedgo_flwr.models import Generator, generator_fits
+from fedgo_flwr.gan import draw_images
+from fedgo_flwr.inputs import labelled
+from fedgo_flwr.models import Generator
 from fedgo_flwr.seeds import client_seed, round_seed
-from fedgo_flwr.server.record import RunRecord
-from fedgo_flwr.strategies.base import CLIENT, ClientModel, ServerSetup, weighted_average
-from fedgo_flwr.strategies.ensemble import MARKS, READS, EnsembleDistillation
-from fedgo_flwr.strategies.registry import StrategySpec
+from fedgo_flwr.strategies.ensemble import ClientModel, EnsembleDistillation
 from fedgo_flwr.teachers import server_autocast
 from fedgo_flwr.train import apply_in_batches, classifier_optimizer, minibatch_descent
 from fedgo_flwr.weighting import domain_aware_weights
 
+TRAIN_DAFKD = "train.dafkd"  # its clients' local step, not Flower's plain "train"
 GENERATOR, HEAD = "generator", "discriminator-head"
+FEATURE_SPACE = ("features", "head", "latent_dim")
 
 
-@dataclass(frozen=True)
-class DaFKDKeys:
-    """Run-config keys dafkd-*."""
-    gan_rounds: int = key(5, "rounds in which the clients also train the generator (FedGO's "
-                          "latent-dim, generator-width, gan-lr); it is sent down every round",
-                          NON_NEGATIVE)
+def feature_space_problem(model: nn.Module) -> str | None:
+    """Why DaFKD (or FedGen) cannot work on this model's latent layer, or None."""
+    missing = [a for a in FEATURE_SPACE if not hasattr(model, a)]
+    if missing:
+        return (f"{type(model).__name__} lacks {', '.join(missing)}: give it features(x) -> z, "
+                "head(z) -> logits (forward = head(features(x))) and latent_dim = z's width")
+    return None
 
 
 def discriminator_head(latent_dim: int) -> nn.Module:
@@ -108,92 +98,6 @@ def train_domain_aware(model: nn.Module, head: nn.Module, generator: Generator,
     return out
 
 
-# ---------------------------------------------------------------------------- server side
-class DaFKD(EnsembleDistillation):
-    mixes_architectures = False  # one discriminator head on one latent space
-    draws_distillation_set = False  # its own, from its collaboratively trained G, every round
-    has_discriminators = True
-    carried = ("generator", "head")  # the global G and D head; the rest is made each round
-
-    def __init__(self, setup: ServerSetup, record: RunRecord):
-        super().__init__(setup, record, domain_aware_weights)
-        cfg = setup.cfg
-        self.keys = setup.cfg.keys("dafkd")
-        c, h, _ = setup.image_shape
-        generator_fits(h, cfg.dataset)
-        with torch.random.fork_rng():
-            torch.manual_seed(cfg.seed)
-            self.generator = Generator(cfg.latent_dim, c, h, cfg.generator_width)
-            self.head = discriminator_head(setup.latent_dim("dafkd"))
-        self.heads: dict[int, dict[str, torch.Tensor]] = {}  # partition -> this round's D_k head
-        self.size = len(setup.u)  # generated distillation set, as large as U is for the others
-
-    def trains_generator(self, server_round: int) -> bool:
-        return server_round <= self.keys.gan_rounds
-
-    def train_content(self, server_round: int, arrays: ArrayRecord) -> RecordDict:
-        content = super().train_content(server_round, arrays)
-        content[GENERATOR] = ArrayRecord(self.generator.state_dict())
-        content[HEAD] = ArrayRecord(self.head.state_dict())
-        return content
-
-    def train_config(self, server_round: int) -> ConfigRecord:
-        conf = super().train_config(server_round)
-        cfg = self.cfg
-        conf.update({"train-generator": self.trains_generator(server_round),
-                     "latent-dim": cfg.latent_dim, "generator-width": cfg.generator_width,
-                     "gan-lr": cfg.gan_lr})
-        return conf
-
-    def train_extras(self, server_round: int) -> dict[str, dict[str, torch.Tensor]]:
-        """Train replies also carry D_k's head, and G in the generator rounds."""
-        need = {HEAD: self.head.state_dict()}
-        if self.trains_generator(server_round):
-            need[GENERATOR] = self.generator.state_dict()
-        return need
-
-    def server_update(self, server_round: int, averaged: dict[str, torch.Tensor],
-                      models: list[ClientModel]) -> dict[str, torch.Tensor]:
-        self.heads = {m.partition_id: m.extras[HEAD] for m in models}
-        self.head.load_state_dict(self.average(models, HEAD, self.head))
-        if self.trains_generator(server_round):
-            self.generator.load_state_dict(self.average(models, GENERATOR, self.generator))
-        # the round's distillation set: |U| images of the global G
-        self.u = draw_images(self.generator, self.size, round_seed(self.cfg.seed, server_round),
-                             self.setup.device)
-        return super().server_update(server_round, averaged, models)
-
-    @staticmethod
-    def average(models: list[ClientModel], key: str, net: nn.Module) -> dict:
-        """sum_k n_k / sum_i n_i of the clients' `key` arrays."""
-        parts = [ClientModel(m.partition_id, m.num_examples, m.extras[key], {}) for m in models]
-        return weighted_average(parts, net.state_dict())
-
-    def scores(self, models: list[ClientModel], nets: list[nn.Module], x: torch.Tensor,
-               flip: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each client's class logits [K, N, C] and discriminator logits, logit D_k(x) (its
-        log-odds) [K, N], from one pass of its trunk: D_k is a head on its own latent layer."""
-        logits, log_odds, dev = [], [], self.setup.device
-        for m, net in zip(models, nets):
-            head = discriminator_head(net.latent_dim)
-            head.load_state_dict(self.heads[m.partition_id])
-            net.to(dev).eval()
-            head.to(dev)
-            with server_autocast(dev, self.setup.amp):
-                out = apply_in_batches(lambda xb: both_heads(net, head, xb), x, device=dev,
-                                       flip=flip)
-            logits.append(out[:, :-1])
-            log_odds.append(out[:, -1])
-        return torch.stack(logits), torch.stack(log_odds)
-
-    def view_scores(self, models: list[ClientModel], nets: list[nn.Module], view: int,
-                    samples: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.scores(models, nets, self.u[samples], flip=view == 1)
-
-    def test_scores(self, models: list[ClientModel], nets: list[nn.Module]
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.scores(models, nets, self.setup.test_x)
-
 
 def both_heads(net: nn.Module, head: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """[f(x); logit D(x)] of a classifier and its discriminator head, [N, C + 1]."""
@@ -201,30 +105,124 @@ def both_heads(net: nn.Module, head: nn.Module, x: torch.Tensor) -> torch.Tensor
     return torch.cat([net.head(z), head(z)], dim=1)
 
 
+class DaFKD(EnsembleDistillation):
+    """DaFKD: FedAvg, then distillation on images of a collaboratively trained generator,
+    weighted by each client's domain discriminator. Needs no server data.
+
+    Parameters
+    ----------
+    model_fn : Callable[[], nn.Module]
+        The global model; it must have `features(x) -> z`, `head(z) -> logits` and
+        `latent_dim` (D_k is a head on z).
+    image_shape : tuple[int, int, int]
+        (C, H, W) of the clients' images; G makes 28, 32 or 64-pixel images.
+    distill_size : int (default: 3000)
+        Images drawn from G for each round's distillation.
+    gan_rounds : int (default: 5)
+        Rounds in which the clients also train G (it is sent every round).
+    latent_dim, generator_width, gan_lr : (default: 128, 64, 2e-4)
+        G's shape and the clients' learning rate for it.
+    distill_*, ensemble_space, flip_views, seed, device, **kwargs
+        As in `EnsembleDistillation`, and Flower's `FedAvg` keywords.
+    """
+
+    def __init__(self, *, model_fn, image_shape: tuple[int, int, int],
+                 distill_size: int = 3000, gan_rounds: int = 5, latent_dim: int = 128,
+                 generator_width: int = 64, gan_lr: float = 2e-4, **kwargs) -> None:
+        super().__init__(model_fn=model_fn, weighting=domain_aware_weights, **kwargs)
+        model = model_fn()
+        if why := feature_space_problem(model):
+            raise TypeError(f"DaFKD works on the model's latent layer: {why}")
+        c, h, _ = image_shape
+        with torch.random.fork_rng():
+            torch.manual_seed(self.seed)
+            self.generator = Generator(latent_dim, c, h, generator_width)
+            self.head = discriminator_head(model.latent_dim)
+        self.distill_size, self.gan_rounds, self.gan_lr = distill_size, gan_rounds, gan_lr
+
+    def trains_generator(self, server_round: int) -> bool:
+        return server_round <= self.gan_rounds
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid):
+        """FedAvg's sampling; each message also carries G, the global head and G's settings,
+        as message type train.dafkd."""
+        extra = {GENERATOR: ArrayRecord(self.generator.state_dict()),
+                 HEAD: ArrayRecord(self.head.state_dict())}
+        settings = {"train-generator": self.trains_generator(server_round),
+                    "latent-dim": self.generator.latent_dim,
+                    "generator-width": self.generator.dim, "gan-lr": self.gan_lr}
+        messages = []
+        for m in super().configure_train(server_round, arrays, config, grid):
+            content = RecordDict({**m.content.array_records, **extra, "config": ConfigRecord(
+                {**m.content.config_records[self.configrecord_key], **settings})})
+            messages.append(Message(content, dst_node_id=m.metadata.dst_node_id,
+                                    message_type=TRAIN_DAFKD))
+        return messages
+
+    def extra_arrays(self, server_round: int) -> tuple[str, ...]:
+        return (HEAD, GENERATOR) if self.trains_generator(server_round) else (HEAD,)
+
+    def server_update(self, server_round, averaged, models):
+        """The heads and (in the generator rounds) G averaged by n_k, the round's set drawn
+        from the global G, then the shared distillation."""
+        self.head.load_state_dict(self.average(models, HEAD))
+        if self.trains_generator(server_round):
+            self.generator.load_state_dict(self.average(models, GENERATOR))
+        self.u = draw_images(self.generator, self.distill_size,
+                             round_seed(self.seed, server_round), self.device)
+        return super().server_update(server_round, averaged, models)
+
+    def average(self, models: list[ClientModel], key: str) -> dict[str, torch.Tensor]:
+        parts = [RecordDict({key: m.extras[key], "metrics": MetricRecord(
+            {self.weighted_by_key: m.num_examples})}) for m in models]
+        return aggregate_arrayrecords(parts, self.weighted_by_key).to_torch_state_dict()
+
+    def scores(self, teachers, nets, u, samples, view):
+        """Each client's class logits [K, S, C] and logit D_k(x) [K, S] from one pass of its
+        trunk: D_k is a head on its own latent layer."""
+        logits, log_odds, dev = [], [], self.device
+        for m, net in zip(teachers, nets):
+            head = discriminator_head(net.latent_dim)
+            head.load_state_dict(m.extras[HEAD].to_torch_state_dict())
+            net.to(dev).eval()
+            head.to(dev)
+            with server_autocast(dev, dev.type == "cuda"):
+                out = apply_in_batches(lambda xb: both_heads(net, head, xb), u[samples],
+                                       device=dev, flip=view == 1)
+            logits.append(out[:, :-1])
+            log_odds.append(out[:, -1])
+        return torch.stack(logits), torch.stack(log_odds)
+
+
 # ---------------------------------------------------------------------------- client side
-def domain_aware_update(message: Message, local: Local) -> Message:
-    """The classifier and D_k trained on S_k against the global G (and G against D_k in the
-    generator rounds); replies theta_k, D_k's head, and G_k when it trained G."""
-    conf = config_of(message)
-    model = local.classifier(message)
+def domain_aware_update(message: Message, model: nn.Module, data, *,
+                        device: str | torch.device = "cpu") -> Message:
+    """A DaFKD client's round: `model` (the user's, given the received weights) and D_k's head
+    trained on `data` (labelled: (images, labels), a Dataset or a DataLoader) against the
+    received G, and G against D_k in the generator rounds. Reads "local-epochs" (1), "lr"
+    (1e-3), "batch-size" (64) and "seed" (0) from the message's config where given. The reply
+    holds ArrayRecords "arrays", "discriminator-head" (and "generator" when it trained G) and
+    MetricRecord "metrics" (num-examples, train-loss, ...)."""
+    conf, records, device = message.content.config_records["config"], \
+        message.content.array_records, torch.device(device)
+    x, y = labelled(data)
+    model.load_state_dict(records["arrays"].to_torch_state_dict())
     head = discriminator_head(model.latent_dim)
-    head.load_state_dict(message.content.array_records[HEAD].to_torch_state_dict())
-    c, h, _ = local.image_shape
-    generator = Generator(int(conf["latent-dim"]), c, h, int(conf["generator-width"]))
-    generator.load_state_dict(message.content.array_records[GENERATOR].to_torch_state_dict())
-    train_generator = bool(conf["train-generator"])
+    head.load_state_dict(records[HEAD].to_torch_state_dict())
+    generator = Generator(int(conf["latent-dim"]), x.shape[1], x.shape[2],
+                          int(conf["generator-width"]))
+    generator.load_state_dict(records[GENERATOR].to_torch_state_dict())
+    trains_g = bool(conf["train-generator"])
     result = train_domain_aware(
-        model, head, generator, local.x, local.y, epochs=int(conf["local-epochs"]),
-        batch_size=int(conf["batch-size"]), lr=float(conf["lr"]), gan_lr=float(conf["gan-lr"]),
-        train_generator=train_generator, flip=bool(conf["flip"]), crop=int(conf["random-crop"]),
-        optimizer=str(conf["optimizer"]), momentum=float(conf["momentum"]),
-        seed=client_seed(int(conf["seed"]), local.partition_id), device=local.device)
+        model, head, generator, x, y, epochs=int(conf.get("local-epochs", 1)),
+        batch_size=int(conf.get("batch-size", 64)), lr=float(conf.get("lr", 1e-3)),
+        gan_lr=float(conf["gan-lr"]), train_generator=trains_g, flip=True,
+        seed=client_seed(int(conf.get("seed", 0)), message.metadata.dst_node_id % 100_000),
+        device=device)
     arrays = {"arrays": ArrayRecord(model.cpu().state_dict()),
               HEAD: ArrayRecord(head.cpu().state_dict())}
-    if train_generator:
+    if trains_g:
         arrays[GENERATOR] = ArrayRecord(generator.cpu().state_dict())
-    return reply(message, {"num-examples": len(local.y), **result}, **arrays)
-
-
-DAFKD = StrategySpec("dafkd", DaFKD, {**CLIENT, "train": domain_aware_update}, keys=DaFKDKeys,
-                     reads=(*READS, "generator"), marks=MARKS)
+    return Message(RecordDict({**arrays, "metrics": MetricRecord(
+        {"num-examples": len(y), **result})}), reply_to=message)

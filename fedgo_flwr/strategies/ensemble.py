@@ -1,342 +1,273 @@
-"""The server update every ensemble-distillation strategy shares (Algorithm 1, lines 8-13):
-pseudo-label U once with a weighted ensemble of this round's client models, distill the
-averaged model on it for E_s passes (Adam, `server-lr`, `server-batch-size`, the learning rate
-cosine-annealed over the T rounds or constant), and evaluate the ensemble on the test split.
+"""The server update every ensemble-distillation strategy shares (FedGO's Algorithm 2, lines
+8-13): FedAvg's n_k-weighted average theta_s^t, then the weighted ensemble of this round's
+client models pseudo-labels the distillation set U once,
 
-Strategies differ only in the weighting rule and the discriminator log-odds it sees (FedDF:
-uniform, no discriminators; FedGO: odds). `averaged-share` > 0 (not in the papers) makes the
-round's averaged model one more teacher with that share of the weight; `distillation-guard =
-clients` (not in the papers either) keeps the averaged model where clients that did not train
-score it above the distilled one. FedDF's published update (step budget, clipping,
-early stopping on labelled data) overrides `distill_batches` and `distill_student` behind
-`feddf-published`.
-"""
+    y~(u) = softmax(sum_k w_k(u) f(u; theta_k^t)),
+
+and theta_s^t is distilled toward it for E_s passes (KL(y~ || f(u; theta)), Adam, the learning
+rate cosine-annealed over the T rounds). Strategies differ only in the weights w_k(u) and in
+what they score U with (FedDF: 1/|A_t|; FedGO: the odds of the clients' discriminators;
+DaFKD: its clients' domain discriminators, on a set its generator draws)."""
 
 from __future__ import annotations
 
-import hashlib
+import math
 import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from logging import INFO, WARNING
 
 import torch
-from flwr.app import ArrayRecord, Message, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common.logger import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg, Result
+from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
+from torch import nn
 
-from fedgo_flwr.diagnostics import ensemble_diagnostics
-from fedgo_flwr.distill import (cosine_lr, distill, draw_batches, ensemble_log_probs,
-                                view_pseudo_labels)
-from fedgo_flwr.generators import draw_images, generator_arguments, obtain_generator
-from fedgo_flwr.models import Generator
+from fedgo_flwr.distill import ENSEMBLE_SPACES, cosine_lr, distill, draw_batches, view_pseudo_labels
+from fedgo_flwr.inputs import images_of
 from fedgo_flwr.seeds import round_seed
-from fedgo_flwr.server.record import RunRecord
-from fedgo_flwr.server.replies import payload_bytes, scores_problem
-from fedgo_flwr.strategies.base import (CLIENT, EVALUATE_CANDIDATES, ClientModel,
-                                        FedAvgStrategy, ServerSetup)
-from fedgo_flwr.strategies.fedgan import TRAIN_FEDGAN, fedgan_generator, fedgan_update
 from fedgo_flwr.teachers import teacher_logits
-from fedgo_flwr.train import accuracy_and_loss
-from fedgo_flwr.weighting import WeightRule, with_averaged_member
+from fedgo_flwr.train import OPTIMIZERS, resolve_device
+from fedgo_flwr.weighting import WeightRule
+
+SCHEDULES = ("cosine", "constant")
 
 
-# What every ensemble strategy reads and how a results table marks its departures.
-READS = ("distillation",)
-MARKS = (("ensemble-space", "logits", "probabilities"), ("distill-schedule", "cosine", "{} lr"),
-         ("averaged-share", 0.0, "averaged {:g}"), ("distillation-guard", "none", "{} guard"),
-         ("generator-source", "train-on-u", "G: {}"), ("distill-set", "server-data", "{} set"),
-         ("redraw-distill-set", False, "redrawn"))
-
-# Every ensemble strategy's clients: FedAvg's, and FedGAN's local step (a generator source).
-ENSEMBLE_CLIENT = {**CLIENT, TRAIN_FEDGAN: fedgan_update}
-
-
-class EnsembleDistillation(FedAvgStrategy):
-    has_ensemble = True
-    has_discriminators = False
-    draws_distillation_set = True  # DaFKD draws its own from its own G every round
-
-    def __init__(self, setup: ServerSetup, record: RunRecord, weighting: WeightRule | None):
-        super().__init__(setup, record)
-        self.weighting = weighting
-        self.views = 2 if self.cfg.flip else 1  # U as is, and mirrored
-        self.u = setup.u  # the distillation set (DaFKD generates a new one every round)
-        self._generator: Generator | None = None
-        self._grid = None  # the pre-FL stage's, for a generator the clients train (FedGAN)
-
-    # --- the generator and the distillation set (FedGO's Table 2)
-    def generator(self) -> Generator:
-        """G from `generator-source`, obtained once per run (FedGAN's during the pre-FL
-        stage, with the clients)."""
-        if self._generator is None:
-            self._generator = (fedgan_generator(self, self._grid)
-                               if self.cfg.generator_source == "fedgan"
-                               else obtain_generator(self.cfg, self.setup, self.record))
-        return self._generator
+@dataclass
+class ClientModel:
+    """theta_k^t of one usable train reply: its node, n_k, weights, metrics and any other
+    arrays the strategy asked for (DaFKD's discriminator head and generator)."""
+    node_id: int
+    num_examples: int
+    content: RecordDict  # the model and metrics only: what FedAvg averages
+    extras: dict[str, ArrayRecord] = field(default_factory=dict)
 
     @property
-    def generated_set(self) -> bool:
-        return self.cfg.distill_set == "generated" and self.draws_distillation_set
+    def state(self) -> dict[str, torch.Tensor]:
+        return next(iter(self.content.array_records.values())).to_torch_state_dict()
 
-    def prepare(self, grid) -> None:
-        """The pre-FL stage: the clients, and with `distill-set = generated` the distillation
-        set, `distill-size` images drawn from G once (seeded)."""
-        super().prepare(grid)
-        self._grid = grid
-        if self.generated_set:
-            self.u = draw_images(self.generator(), self.cfg.distill_size, self.cfg.seed,
-                                 self.setup.device)
-            self.record.data["pre_fl"]["distillation_set"] = {
-                "generated": len(self.u), "redrawn": self.cfg.redraw_distill_set,
-                # equal digests: two runs distilled on the same images (FedGO and FedDF)
-                "sha256": hashlib.sha256(self.u.numpy().tobytes()).hexdigest()}
-            log(INFO, "pre-FL: distillation set of %d images drawn from G", len(self.u))
 
-    def redraw_distillation_set(self, server_round: int) -> None:
-        """`redraw-distill-set`: a new set from G for this round (seeded by the round)."""
-        self.u = draw_images(self.generator(), self.cfg.distill_size,
-                             round_seed(self.cfg.seed, server_round), self.setup.device)
-        self.distillation_set_changed(server_round)
+def state_problem(arrays: ArrayRecord | None, template: dict[str, torch.Tensor]) -> str | None:
+    """Why `arrays` cannot be loaded as a model shaped like `template`, or None."""
+    if arrays is None:
+        return "no ArrayRecord"
+    state = arrays.to_torch_state_dict()
+    if set(state) != set(template):
+        return (f"array names differ from the model's (missing {sorted(set(template) - set(state))[:3]}"
+                f", unexpected {sorted(set(state) - set(template))[:3]})")
+    for name, t in template.items():
+        if state[name].shape != t.shape:
+            return f"{name} has shape {tuple(state[name].shape)}, expected {tuple(t.shape)}"
+        if state[name].is_floating_point() and not torch.isfinite(state[name]).all():
+            return f"{name} holds NaN or infinite values"
+    return None
 
-    def distillation_set_changed(self, server_round: int) -> None:
-        """What a strategy recomputes on a new distillation set (FedGO: the odds on it)."""
 
-    # A generated distillation set goes into the checkpoints: a resumed run skips the pre-FL
-    # stage that drew it; with redraws, so does G (FedGAN's would need the clients again).
-    def state_dict(self) -> dict:
-        state = super().state_dict()
-        if self.generated_set:
-            state["distillation_set"] = self.u
-        if self.generated_set and self.cfg.redraw_distill_set:
-            g = self.generator()
-            state["distillation_generator"] = {
-                "arguments": generator_arguments(g, self.setup.image_shape[0]),
-                "state": g.state_dict()}
-        return state
+def examples_problem(metrics: MetricRecord | None, key: str) -> str | None:
+    value = None if metrics is None else metrics.get(key)
+    if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        return f"metric {key!r} is {value!r}, not a positive number"
+    return None
 
-    def load_state_dict(self, state: dict) -> None:
-        super().load_state_dict(state)
-        if "distillation_set" in state:
-            self.u = state["distillation_set"]
-        if "distillation_generator" in state:
-            saved = state["distillation_generator"]
-            self._generator = Generator(**saved["arguments"])
-            self._generator.load_state_dict(saved["state"])
-            self._generator.eval()
 
-    # --- what a strategy with discriminators provides
-    def u_log_odds(self, models: list[ClientModel], view: int) -> torch.Tensor:
-        """log Phi_k on view `view` of U, [K, |U|]; rules without discriminators ignore it."""
-        return torch.zeros(len(models), len(self.u))
+class EnsembleDistillation(FedAvg):
+    """FedAvg followed by ensemble distillation of the average on an unlabeled set.
 
-    def test_log_odds(self, models: list[ClientModel]) -> torch.Tensor:
-        return torch.zeros(len(models), len(self.setup.test_y))
+    Parameters
+    ----------
+    unlabeled_data : Tensor | Dataset | DataLoader
+        The server's unlabeled set U, images [N, C, H, W]: uint8 pixels (taken to [-1, 1]) or
+        floats as the model takes them (fedgo_flwr.inputs). Labels, if any, are ignored.
+    model_fn : Callable[[], nn.Module]
+        Builds the global model (the architecture of `initial_arrays`).
+    weighting : Callable (default: set by the strategy)
+        w_k(u): (logits [K, B, C], log-odds [K, B], n_k [K]) -> weights [K, B]
+        (fedgo_flwr.weighting).
+    distill_epochs : int (default: 10)
+        E_s, passes over U per round (the paper's App. E.2).
+    distill_batch_size : int (default: 64)
+    distill_lr : float (default: 1e-3)
+    distill_optimizer : str (default: "adam")
+        "adam", or "sgd" with `distill_momentum`.
+    distill_momentum : float (default: 0.9)
+    distill_schedule : str (default: "cosine")
+        "cosine" anneals the learning rate over the `num_rounds` given to `start`;
+        "constant" keeps it.
+    ensemble_space : str (default: "logits")
+        Where the weights mix the clients: "logits" (Algorithm 2) or "probabilities"
+        (Theorem 3.4).
+    flip_views : bool (default: True)
+        U is seen as is and mirrored (each pass takes a random view of each image).
+    seed : int (default: 0)
+        Seeds the distillation batches of each round.
+    device : str | torch.device | None (default: None)
+        Where the server distils: None picks CUDA when visible, else the CPU.
+    **kwargs
+        Every keyword Flower's `FedAvg` takes (fraction_train, min_available_nodes, ...).
+    """
 
-    def view_scores(self, models: list[ClientModel], nets: list[torch.nn.Module], view: int,
-                    samples: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The teachers' logits [K, S, C] and log Phi_k [K, S] on these samples of view
-        `view` of U."""
-        logits = teacher_logits(nets, self.u[samples], device=self.setup.device,
-                                flip=view == 1, amp=self.setup.amp)
-        return logits, self.u_log_odds(models, view)[:, samples]
+    def __init__(self, *, unlabeled_data=None, model_fn: Callable[[], nn.Module],
+                 weighting: WeightRule, distill_epochs: int = 10, distill_batch_size: int = 64,
+                 distill_lr: float = 1e-3, distill_optimizer: str = "adam",
+                 distill_momentum: float = 0.9, distill_schedule: str = "cosine",
+                 ensemble_space: str = "logits", flip_views: bool = True, seed: int = 0,
+                 device: str | torch.device | None = None, **kwargs) -> None:
+        super().__init__(**kwargs)
+        for name, value, allowed in (("distill_optimizer", distill_optimizer, OPTIMIZERS),
+                                     ("distill_schedule", distill_schedule, SCHEDULES),
+                                     ("ensemble_space", ensemble_space, ENSEMBLE_SPACES)):
+            if value not in allowed:
+                raise ValueError(f"{name} is {value!r}; allowed: {', '.join(allowed)}")
+        if distill_epochs < 0 or distill_batch_size < 1 or distill_lr <= 0:
+            raise ValueError("distill_epochs >= 0, distill_batch_size >= 1 and distill_lr > 0 "
+                             f"are needed; got {distill_epochs}, {distill_batch_size}, "
+                             f"{distill_lr}")
+        self.u = None if unlabeled_data is None else images_of(unlabeled_data)
+        self.model_fn, self.weighting = model_fn, weighting
+        self.distill_epochs, self.distill_batch_size = distill_epochs, distill_batch_size
+        self.distill_lr, self.distill_optimizer = distill_lr, distill_optimizer
+        self.distill_momentum, self.distill_schedule = distill_momentum, distill_schedule
+        self.ensemble_space, self.views, self.seed = ensemble_space, 2 if flip_views else 1, seed
+        self.device = resolve_device(str(device)) if device is not None else resolve_device()
+        self.num_rounds = 1  # set by start(): the cosine schedule's T
+        self.template = model_fn().state_dict()
 
-    def test_scores(self, models: list[ClientModel], nets: list[torch.nn.Module]
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The teachers' logits [K, N, C] and log Phi_k [K, N] on the test split."""
-        logits = teacher_logits(nets, self.setup.test_x, device=self.setup.device,
-                                amp=self.setup.amp)
-        return logits, self.test_log_odds(models)
+    def summary(self) -> None:
+        super().summary()
+        log(INFO, "\t└──> Distillation: %d epoch(s) of batch %d, %s lr %g (%s), %s space, on "
+            "%s", self.distill_epochs, self.distill_batch_size, self.distill_optimizer,
+            self.distill_lr, self.distill_schedule, self.ensemble_space, self.device)
 
+    # --- the run
+    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3,
+              timeout: float = 3600, train_config: ConfigRecord | None = None,
+              evaluate_config: ConfigRecord | None = None,
+              evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+              ) -> Result:
+        """Flower's `Strategy.start`, after the strategy's pre-FL stage (`pre_fl`)."""
+        if problem := state_problem(initial_arrays, self.template):
+            raise ValueError(f"initial_arrays do not fit model_fn's model: {problem}")
+        self.num_rounds = num_rounds
+        self.pre_fl(grid, timeout)
+        return super().start(grid=grid, initial_arrays=initial_arrays, num_rounds=num_rounds,
+                             timeout=timeout, train_config=train_config,
+                             evaluate_config=evaluate_config, evaluate_fn=evaluate_fn)
+
+    def pre_fl(self, grid: Grid, timeout: float) -> None:
+        """What runs before round 1 (FedGO: generator out, discriminators back)."""
+
+    # --- the round
+    def extra_arrays(self, server_round: int) -> tuple[str, ...]:
+        """The ArrayRecords a train reply carries besides the model (DaFKD's)."""
+        return ()
+
+    def client_models(self, server_round: int, replies: Iterable[Message]
+                      ) -> list[ClientModel]:
+        """The usable train replies; each other is logged with why it is left out."""
+        models, seen, extras = [], set(), self.extra_arrays(server_round)
+        for reply in replies:
+            node = reply.metadata.src_node_id
+            why = ("failed: " + str(reply.error.reason) if reply.has_error()
+                   else "duplicate reply" if node in seen else self.reply_problem(reply, extras))
+            if why:
+                log(WARNING, "train reply of node %d left out: %s", node, why)
+                continue
+            seen.add(node)
+            content = reply.content
+            (name, metrics), = content.metric_records.items()
+            model = RecordDict({self.arrayrecord_key: content.array_records[self.arrayrecord_key],
+                                name: metrics})
+            models.append(ClientModel(node, int(metrics[self.weighted_by_key]), model,
+                                      {k: content.array_records[k] for k in extras}))
+        return models
+
+    def reply_problem(self, reply: Message, extras: tuple[str, ...] = ()) -> str | None:
+        """Why a train reply cannot be used, or None."""
+        content = reply.content
+        if len(content.metric_records) != 1:
+            return f"{len(content.metric_records)} MetricRecords, expected one"
+        (metrics,) = content.metric_records.values()
+        missing = [k for k in (self.arrayrecord_key, *extras)
+                   if k not in content.array_records]
+        if missing:
+            return f"no ArrayRecord {missing}"
+        return (examples_problem(metrics, self.weighted_by_key)
+                or state_problem(content.array_records[self.arrayrecord_key], self.template))
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]
+                        ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """theta_s^t = sum_k n_k theta_k^t / sum_k n_k, then the server update."""
+        models = self.client_models(server_round, replies)
+        log(INFO, "aggregate_train: %d usable client model(s)", len(models))
+        if not models:
+            return None, None
+        contents = [m.content for m in models]
+        averaged = aggregate_arrayrecords(contents, self.weighted_by_key)
+        metrics = self.train_metrics_aggr_fn(contents, self.weighted_by_key)
+        arrays, info = self.server_update(server_round, averaged, models)
+        for key, value in info.items():
+            metrics[key] = value
+        return arrays, metrics
+
+    def server_update(self, server_round: int, averaged: ArrayRecord,
+                      models: list[ClientModel]) -> tuple[ArrayRecord, dict[str, float]]:
+        """Pseudo-label the distillation set once with the weighted ensemble of the round's
+        teachers and distil the average toward it; returns the new global model and the
+        round's distillation metrics."""
+        teachers = self.teachers(models)
+        u = self.distillation_set(server_round)
+        if not teachers or u is None or not len(u) or self.distill_epochs == 0:
+            log(WARNING, "round %d: no teacher or nothing to distil on; the average is kept",
+                server_round)
+            return averaged, {}
+        nets = [self.load(m.state) for m in teachers]
+        n_k = torch.tensor([m.num_examples for m in teachers], dtype=torch.float32)
+        batches = draw_batches(len(u), self.views, epochs=self.distill_epochs,
+                               batch_size=self.distill_batch_size,
+                               seed=round_seed(self.seed, server_round))
+        start = time.perf_counter()
+        targets = view_pseudo_labels(lambda v, s: self.scores(teachers, nets, u, s, v),
+                                     len(u), n_k, self.weighting, batches, views=self.views,
+                                     space=self.ensemble_space)
+        labelling = time.perf_counter() - start
+        student, lr = self.load(averaged.to_torch_state_dict()), self.server_lr(server_round)
+        info = distill(student, u, targets, batches=batches, lr=lr, device=self.device,
+                       amp=self.device.type == "cuda", optimizer=self.distill_optimizer,
+                       momentum=self.distill_momentum)
+        log(INFO, "round %d: %d teachers pseudo-labelled %d images (%.1fs); distilled, KL "
+            "%.4f (%.1fs)", server_round, len(teachers), len(u), labelling,
+            info["distill_loss"], info["seconds"])
+        return ArrayRecord(student.cpu().state_dict()), {
+            "distill-loss": info["distill_loss"], "distill-lr": lr,
+            "distill-teachers": len(teachers), "pseudo-label-seconds": labelling,
+            "distill-seconds": info["seconds"]}
+
+    # --- what a strategy changes
     def teachers(self, models: list[ClientModel]) -> list[ClientModel]:
         """The round's models the ensemble weights (FedGO: those with a discriminator)."""
         return models
 
-    def round_weighting(self, models: list[ClientModel]) -> WeightRule:
-        """The weighting rule of this round's teachers (a rule that reads the clients' label
-        counts gets theirs bound here)."""
-        return self.weighting
+    def distillation_set(self, server_round: int) -> torch.Tensor | None:
+        """The images distilled on this round (U; DaFKD draws its own)."""
+        return self.u
 
-    def logits_of(self, net: torch.nn.Module, x: torch.Tensor, flip: bool = False
-                  ) -> torch.Tensor:
-        """One model's logits on images x, [1, N, C], as the teachers' are computed."""
-        return teacher_logits([net], x, device=self.setup.device, flip=flip, amp=self.setup.amp)
+    def scores(self, teachers: list[ClientModel], nets: list[nn.Module], u: torch.Tensor,
+               samples: torch.Tensor, view: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The teachers' logits [K, S, C] and log-odds log Phi_k [K, S] on these samples of
+        view `view` of the distillation set u (1: mirrored); without discriminators the
+        log-odds are 0."""
+        logits = teacher_logits(nets, u[samples], device=self.device, flip=view == 1,
+                                amp=self.device.type == "cuda")
+        return logits, torch.zeros(logits.shape[:2])
 
-    # --- the shared distillation protocol
     def server_lr(self, server_round: int) -> float:
-        """The distillation learning rate of round t: cosine-annealed over the T rounds
-        (the paper's main tables) or constant (its Table 11)."""
-        cfg = self.cfg
-        if cfg.distill_schedule == "constant":
-            return cfg.server_lr
-        return cosine_lr(cfg.server_lr, server_round, cfg.num_server_rounds)
+        if self.distill_schedule == "constant":
+            return self.distill_lr
+        return cosine_lr(self.distill_lr, server_round, max(self.num_rounds, server_round))
 
-    def distill_batches(self, server_round: int) -> list[torch.Tensor]:
-        """This round's distillation minibatches: E_s shuffled passes over U."""
-        return self.draw_round_batches(server_round, epochs=self.cfg.server_epochs,
-                                       batch_size=self.cfg.server_batch_size)
-
-    def draw_round_batches(self, server_round: int, *, epochs: int,
-                           batch_size: int) -> list[torch.Tensor]:
-        """`epochs` passes over U with random views, seeded by the run's seed and the round."""
-        return draw_batches(len(self.u), self.views, epochs=epochs,
-                            batch_size=batch_size, seed=round_seed(self.cfg.seed, server_round))
-
-    def distill_student(self, server_round: int, student: torch.nn.Module,
-                        targets: torch.Tensor, batches: list[torch.Tensor]) -> dict:
-        """One Adam (or SGD) step per batch on KL(y~ || student); returns distill_loss,
-        distill_steps, distill_lr and seconds."""
-        lr = self.server_lr(server_round)
-        info = distill(student, self.u, targets, batches=batches, lr=lr,
-                       device=self.setup.device, amp=self.setup.amp,
-                       optimizer=self.cfg.optimizer, momentum=self.cfg.momentum)
-        return {**info, "distill_steps": len(batches), "distill_lr": lr}
-
-    # --- the shared round
-    def server_update(self, server_round: int, averaged: dict[str, torch.Tensor],
-                      models: list[ClientModel]) -> dict[str, torch.Tensor]:
-        (arch,) = self.architectures
-        return self.update_architectures(server_round, {arch: averaged}, models)[arch]
-
-    def mixed_problem(self) -> str | None:
-        cfg = self.cfg
-        unsupported = [key for key, on in (
-            ("diagnostics", cfg.diagnostics), ("averaged-share", cfg.averaged_share > 0),
-            ("distillation-guard", cfg.distillation_guard != "none")) if on]
-        if unsupported:
-            return (f"{', '.join(unsupported)} need one averaged model; a mixed federation has "
-                    "one per architecture: turn them off")
-        return super().mixed_problem()
-
-    def update_architectures(self, server_round: int, averaged: dict[str, dict],
-                             models: list[ClientModel]) -> dict[str, dict]:
-        """Pseudo-label the distillation set once with the ensemble of all the round's
-        teachers (whatever their architecture) and distil each architecture's average on
-        it; `averaged`: {architecture: its average} (one entry in a homogeneous run)."""
-        if self.generated_set and self.cfg.redraw_distill_set and server_round > 1:
-            self.redraw_distillation_set(server_round)  # round 1 uses the pre-FL stage's
-        u, cfg = self.u, self.cfg
-        entry = self.record.round(server_round)
-        models = self.teachers(models)
-        if not models:
-            log(WARNING, "round %d: no client model can be weighted; the server keeps the "
-                "average", server_round)
-            return averaged
-        nets = [self.setup.new_classifier(self.architecture(m.partition_id), m.state)
-                for m in models]
-        n_k = torch.tensor([m.num_examples for m in models], dtype=torch.float32)
-        client_rule = self.round_weighting(models)
-        mixed = self.heterogeneous  # no averaged-model teacher, diagnostics or guard
-        if not mixed:
-            (single,) = averaged.values()
-            average = self.setup.new_classifier(state=single)
-        member = cfg.averaged_share > 0  # the averaged model as the last teacher
-        weighting = (with_averaged_member(client_rule, cfg.averaged_share) if member
-                     else client_rule)
-        students = {arch: self.setup.new_classifier(arch, state)
-                    for arch, state in averaged.items()}
-        batches = self.distill_batches(server_round)
-
-        def view_scores(v: int, samples: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            logits, log_odds = self.view_scores(models, nets, v, samples)
-            if member:
-                logits = torch.cat([logits, self.logits_of(average, u[samples], flip=v == 1)])
-            return logits, log_odds
-
-        if batches:
-            start = time.perf_counter()
-            targets = view_pseudo_labels(  # once per round, not once per epoch
-                view_scores, len(u), n_k, weighting, batches, views=self.views,
-                space=cfg.ensemble_space)
-            seconds = time.perf_counter() - start
-            self.record.time("pseudo_labelling", seconds, server_round)
-            log(INFO, "round %d: pseudo-labels of %d teachers on U (%.1fs); distilling, %d "
-                "steps", server_round, len(models), seconds, len(batches))
-            for arch, student in students.items():
-                info = self.distill_student(server_round, student, targets, batches)
-                self.record.time("distillation", info["seconds"], server_round)
-                log(INFO, "round %d: distilled%s (%.1fs)", server_round,
-                    f" {arch}" if mixed else "", info.pop("seconds"))
-                if mixed:
-                    entry.setdefault("distill_by_architecture", {})[arch] = info
-                else:
-                    entry.update(info)
-
-        start = time.perf_counter()
-        test_logits, log_odds = self.test_scores(models, nets)
-        average_logits = (self.logits_of(average, self.setup.test_x)
-                          if member or cfg.diagnostics else None)
-        teachers = torch.cat([test_logits, average_logits]) if member else test_logits
-        weights = weighting(teachers, log_odds, n_k)
-        acc, loss = accuracy_and_loss(ensemble_log_probs(teachers, weights, cfg.ensemble_space),
-                                      self.setup.test_y)
-        entry.update(ensemble_test_acc=acc, ensemble_test_loss=loss)
-        if cfg.diagnostics:
-            entry["diagnostics"] = ensemble_diagnostics(
-                test_logits, log_odds if self.has_discriminators else None, n_k,
-                self.setup.test_y, entropy_tau=cfg.entropy_tau,
-                active=client_rule(test_logits, log_odds, n_k) if member else weights,
-                histograms=self.clients.label_histograms([m.partition_id for m in models]),
-                averaged_logits=average_logits[0],
-                capped=not cfg.calibrated_odds)
-            # what FedAvg keeps this round, where distillation started (`averaged` is unchanged)
-            avg_acc, avg_loss = self.test_metrics(single)
-            entry["diagnostics"]["averaged"] = {"acc": avg_acc, "loss": avg_loss}
-        self.record.time("evaluation", time.perf_counter() - start, server_round)
-        distilled = {arch: {k: v.detach().cpu() for k, v in student.state_dict().items()}
-                     for arch, student in students.items()}
-        if cfg.distillation_guard == "clients" and batches:
-            (arch,) = distilled
-            return {arch: self.guard(server_round, single, distilled[arch])}
-        return distilled
-
-    def guard(self, server_round: int, averaged: dict[str, torch.Tensor],
-              distilled: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The distillation guard (not in the papers): as many clients as trained, drawn from
-        those that did not train this round (none of this round's models saw their data),
-        score both models on their own data; the server keeps the distilled model only if its
-        n_k-weighted accuracy is higher, and with no usable score it keeps it as the papers
-        do."""
-        start = time.perf_counter()
-        trained = set(self._sampled.values())
-        pool = [p for p in self.clients.partition_ids if p not in trained | self.absent]
-        if not pool:
-            log(WARNING, "round %d: every client trained; the guard asks them instead",
-                server_round)
-            pool = sorted(trained)
-        order = torch.randperm(len(pool), generator=torch.Generator().manual_seed(
-            round_seed(self.cfg.seed, server_round)))
-        pids = sorted(pool[i] for i in order[:len(trained)].tolist())
-        expected = {self.clients.by_partition[p].node_id: p for p in pids}
-        content = RecordDict({name: ArrayRecord(state) for name, state in
-                              (("averaged", averaged), ("distilled", distilled))})
-        self.record.sent("guard", "down", payload_bytes([content]) * len(pids), server_round)
-        replies = self.exchange(
-            [Message(content, dst_node_id=n, message_type=EVALUATE_CANDIDATES) for n in expected],
-            expected, f"round {server_round}: guard", server_round)
-        scored, rejected = {}, {}
-        for r in replies:
-            pid = expected.get(self.mailbox.node_of(r))
-            why = ("not asked" if pid is None else "duplicate reply" if pid in scored
-                   else scores_problem(r, list(content)))
-            if why:
-                log(WARNING, "round %d: guard reply of partition %s rejected: %s",
-                    server_round, pid, why)
-                rejected[str(pid)] = why
-                continue
-            scored[pid] = dict(r.content.metric_records["metrics"])
-        n = sum(m["num-examples"] for m in scored.values())
-        acc = {name: sum(m["num-examples"] * m[f"{name}-acc"] for m in scored.values()) / n
-               if n else float("nan") for name in content}
-        kept = "averaged" if n and acc["averaged"] >= acc["distilled"] else "distilled"
-        entry = self.record.round(server_round)["guard"] = {
-            "clients": pids, "scored": sorted(scored), "rejected": rejected,
-            "averaged_acc": acc["averaged"], "distilled_acc": acc["distilled"], "kept": kept}
-        if self.cfg.diagnostics:  # what the test split says of the same choice
-            entry["test_acc"] = {name: self.test_metrics(state)[0] for name, state in
-                                 (("averaged", averaged), ("distilled", distilled))}
-        self.record.time("guard", time.perf_counter() - start, server_round)
-        if not n:
-            log(WARNING, "round %d: no usable guard score; the distilled model is kept",
-                server_round)
-        log(INFO, "round %d: guard on partitions %s: averaged %.4f, distilled %.4f -> keeps "
-            "the %s model", server_round, sorted(scored), acc["averaged"], acc["distilled"],
-            kept)
-        return averaged if kept == "averaged" else distilled
+    def load(self, state: dict[str, torch.Tensor]) -> nn.Module:
+        model = self.model_fn()
+        model.load_state_dict(state)
+        return model

@@ -1,11 +1,13 @@
-"""FedGO (Algorithm 2): a pre-FL stage that gives every client the generator G once and gets
-back its discriminator D_k (Algorithm 3, the client handler `train.discriminator` below), then
-FedAvg rounds each followed by ensemble distillation on U with the odds weights
-w_k(u) = n_k Phi_k(u) / sum_i n_i Phi_i(u).
+"""FedGO (Algorithm 2 of "Provably Near-Optimal Federated Ensemble Distillation with
+Negligible Overhead"): before round 1 the server sends the generator G to every client once
+and gets back its discriminator D_k (Algorithm 3, `discriminator_update` below); each round,
+FedAvg's average is distilled toward the ensemble weighted by the odds
 
-Beyond the paper, behind keys whose defaults are the paper's: a sample of U instead of G as
-the discriminators' negatives (`discriminator-negatives`), and Platt-calibrated odds without
-the cap e (`discriminator-calibration`)."""
+    w_k(u) = n_k Phi_k(u) / sum_i n_i Phi_i(u),   Phi_k = D_k / (1 - D_k),
+
+computed once on U since D_k never changes. A node seen first after the pre-FL stage, or whose
+D_k comes after the stage's wait, gets G at the next round's start; its D_k joins the odds
+when it arrives. Until then its model is averaged but does not teach."""
 
 from __future__ import annotations
 
@@ -14,300 +16,213 @@ import time
 from logging import INFO, WARNING
 
 import torch
-from flwr.app import ArrayRecord, Message, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
+from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
-from fedgo_flwr.client_context import Local, config_of, reply
-from fedgo_flwr.defences import screen_odds
-from fedgo_flwr.diagnostics import phi_stats
-from fedgo_flwr.gan import (calibrate_discriminator, generator_negatives, image_negatives,
-                            log_odds, train_discriminator)
-from fedgo_flwr.models import Discriminator, Generator, generator_fits
+from fedgo_flwr.gan import (calibrate_discriminator, generator_negatives, hold_out, log_odds,
+                            train_discriminator, train_wgan_gp)
+from fedgo_flwr.inputs import images_of
+from fedgo_flwr.models import Critic, Discriminator, Generator
 from fedgo_flwr.seeds import client_seed
-from fedgo_flwr.server.clients import config_record
-from fedgo_flwr.server.record import RunRecord
-from fedgo_flwr.server.replies import payload_bytes
-from fedgo_flwr.strategies.base import ClientModel, ServerSetup
-from fedgo_flwr.strategies.ensemble import ENSEMBLE_CLIENT, MARKS, READS, EnsembleDistillation
-from fedgo_flwr.strategies.registry import StrategySpec
-from fedgo_flwr.weighting import NEEDS_LABEL_COUNTS, WeightRule, weighting_rule
+from fedgo_flwr.strategies.ensemble import (ClientModel, EnsembleDistillation,
+                                            examples_problem, state_problem)
+from fedgo_flwr.weighting import WEIGHTINGS
 
-TRAIN_DISCRIMINATOR = "train.discriminator"
-SERVER_SAMPLE = "server-sample"  # the ArrayRecord of U's images sent instead of G
-Calibration = tuple[float, float]  # Platt's (a, b): log Phi_k = a * logit + b
-
-
-def server_sample(u: torch.Tensor, size: int, seed: int) -> torch.Tensor:
-    """The seeded sample of U sent instead of G (discriminator-negatives = server-sample)."""
-    order = torch.randperm(len(u), generator=torch.Generator().manual_seed(seed))
-    return u[order[:size]].clone()
-
-
-def new_discriminator(cfg, image_shape) -> Discriminator:
-    c, h, _ = image_shape
-    return Discriminator(c, h, cfg.discriminator_width)
+TRAIN_DISCRIMINATOR = "train.discriminator"  # the pre-FL stage's message type
+POLL_SECONDS = 0.5
 
 
 class FedGO(EnsembleDistillation):
-    has_discriminators = True
-    carried = ("row", "cached_u_log_odds", "cached_test_log_odds")  # D_k enter once, as odds
+    """FedGO: FedAvg, then distillation toward the odds-weighted ensemble.
 
-    def __init__(self, setup: ServerSetup, record: RunRecord):
-        cfg = setup.cfg
-        self.needs_label_counts = cfg.weighting in NEEDS_LABEL_COUNTS
-        super().__init__(setup, record, None if self.needs_label_counts else
-                         weighting_rule(cfg.weighting, cfg.entropy_tau, cfg.odds_beta))
-        self.row: dict[int, int] = {}  # partition id -> row of the cached odds
-        # D_k, kept only to score a distillation set redrawn every round
-        self.discriminators: dict[int, tuple[Discriminator, Calibration | None]] = {}
-        self.cached_u_log_odds = torch.empty(0)  # [K, V, |U|]
-        self.cached_test_log_odds = torch.empty(0)  # [K, |test|]
-        self.calibrated = cfg.calibrated_odds
-        if cfg.discriminator_negatives == "generator" and cfg.generator_source == "train-on-u":
-            generator_fits(setup.image_shape[1], cfg.dataset)
+    Parameters
+    ----------
+    unlabeled_data, model_fn, distill_*, ensemble_space, flip_views, seed, device
+        As in `EnsembleDistillation` (fedgo_flwr.strategies.ensemble).
+    weighting : str | Callable (default: "odds")
+        The rule w_k(u): "odds" (the paper's eq. 9) or another of fedgo_flwr.weighting's
+        rules that needs no label counts, or a function of your own.
+    generator : nn.Module | None (default: None)
+        G: a trained `fedgo_flwr.models.Generator` (an off-the-shelf or data-free one), or
+        None to train one on U with WGAN-GP before round 1 (the paper's G1).
+    generator_steps : int (default: 100000)
+        WGAN-GP generator steps when G is trained here (App. E.2: 1e5).
+    latent_dim, generator_width : int (default: 128, 64)
+        G's shape when trained here.
+    critic_steps, gp_weight, gan_lr, gan_batch_size : (default: 5, 10.0, 2e-4, 64)
+        WGAN-GP's settings.
+    discriminator_epochs : int (default: 30)
+        Each client's passes over its data in Algorithm 3.
+    discriminator_lr : float (default: 2e-4)
+    discriminator_width : int (default: 64)
+    calibration_fraction : float (default: 0.0)
+        Above 0 (not in the paper): each client holds out this share of its data, fits
+        Platt's calibration of D_k on it and the odds are a * logit + b, uncapped.
+    """
 
-    # ------------------------------------------------------------------ pre-FL stage
-    def prepare(self, grid: Grid) -> None:
-        super().prepare(grid)
-        discriminators = self.collect_discriminators(grid, self.negatives())
-        self.cache_odds(discriminators)
-        if self.cfg.discriminator_screen == "odds":
-            discriminators = self.screen(discriminators)
-        if self.cfg.redraw_distill_set:
-            self.discriminators = discriminators
+    def __init__(self, *, unlabeled_data, model_fn, weighting="odds", generator=None,
+                 generator_steps: int = 100_000, latent_dim: int = 128,
+                 generator_width: int = 64, critic_steps: int = 5, gp_weight: float = 10.0,
+                 gan_lr: float = 2e-4, gan_batch_size: int = 64, discriminator_epochs: int = 30,
+                 discriminator_lr: float = 2e-4, discriminator_width: int = 64,
+                 calibration_fraction: float = 0.0, **kwargs) -> None:
+        if isinstance(weighting, str):
+            if weighting not in WEIGHTINGS or weighting.startswith("class-count"):
+                raise ValueError(f"weighting {weighting!r}; allowed: " + ", ".join(
+                    w for w in WEIGHTINGS if not w.startswith("class-count")))
+            weighting = WEIGHTINGS[weighting]
+        super().__init__(unlabeled_data=unlabeled_data, model_fn=model_fn,
+                         weighting=weighting, **kwargs)
+        if generator is not None and not isinstance(generator, Generator):
+            raise TypeError("generator must be a fedgo_flwr.models.Generator (clients rebuild "
+                            f"it from its weights), not {type(generator).__name__}")
+        if not 0.0 <= calibration_fraction < 1.0:
+            raise ValueError(f"calibration_fraction is {calibration_fraction}; allowed: [0, 1)")
+        self.generator = generator
+        self.gan = dict(steps=generator_steps, latent_dim=latent_dim, width=generator_width,
+                        critic_steps=critic_steps, gp_weight=gp_weight, lr=gan_lr,
+                        batch_size=gan_batch_size)
+        self.discriminator_config = ConfigRecord({
+            "discriminator-epochs": discriminator_epochs, "discriminator-lr": discriminator_lr,
+            "discriminator-width": discriminator_width, "batch-size": gan_batch_size,
+            "flip": self.views == 2, "seed": self.seed,
+            "calibration-fraction": calibration_fraction})
+        c, h = self.u.shape[1], self.u.shape[2]
+        self.discriminator_template = Discriminator(c, h, discriminator_width).state_dict()
+        self.log_odds: dict[int, torch.Tensor] = {}  # node id -> log Phi_k on U, [V, |U|]
+        self.asked: set[int] = set()  # nodes that were sent G
+        self.pending: dict[str, int] = {}  # message id -> node id, D_k not yet back
 
-    def negatives(self) -> tuple[str, ArrayRecord]:
-        """What the discriminators learn against: G (the paper), or a seeded sample of U."""
-        cfg, u = self.cfg, self.setup.u
-        if cfg.discriminator_negatives == "server-sample":
-            sample = server_sample(u, cfg.server_sample_size, cfg.seed)
-            self.record.data["pre_fl"]["server_sample"] = len(sample)
-            log(INFO, "pre-FL: %d images of U stand in for G", len(sample))
-            return SERVER_SAMPLE, ArrayRecord({"images": sample})
-        return "generator", ArrayRecord(self.generator().state_dict())
+    # --- pre-FL stage
+    def pre_fl(self, grid: Grid, timeout: float) -> None:
+        """G (trained on U unless given), sent to every node; their D_k back, as odds on U."""
+        if self.generator is None:
+            self.generator = self.train_generator()
+        _, nodes = sample_nodes(grid, self.min_available_nodes, 0)
+        log(INFO, "pre-FL: sending G to %d nodes for their discriminators", len(nodes))
+        self.send_generator(grid, nodes)
+        deadline = time.monotonic() + timeout
+        while self.pending and time.monotonic() < deadline:
+            self.receive_discriminators(grid)
+            time.sleep(POLL_SECONDS if self.pending else 0)
+        log(INFO, "pre-FL: %d of %d discriminators in%s", len(self.log_odds), len(nodes),
+            f"; {len(self.pending)} may still come" if self.pending else "")
 
-    def collect_discriminators(self, grid: Grid, negatives: tuple[str, ArrayRecord]
-                               ) -> dict[int, tuple[Discriminator, Calibration | None]]:
-        """Send the negatives (G) to every client once; each returns D_k trained by
-        Algorithm 3 (and its calibration)."""
-        cfg = self.cfg
-        kind, arrays = negatives
-        # G's own shape: a loaded generator need not have the run's latent-dim and width
-        g = self.generator() if kind == "generator" else None
-        config = config_record(discriminator_epochs=cfg.discriminator_epochs,
-                               discriminator_lr=cfg.discriminator_lr,
-                               batch_size=cfg.gan_batch_size, flip=cfg.flip, seed=cfg.seed,
-                               latent_dim=g.latent_dim if g else cfg.latent_dim,
-                               generator_width=g.dim if g else cfg.generator_width,
-                               discriminator_width=cfg.discriminator_width,
-                               calibration_fraction=cfg.calibration_fraction
-                               if self.calibrated else 0.0)
-        content = RecordDict({kind: arrays, "config": config})
-        expected = {c.node_id: p for p, c in self.clients.by_partition.items()}
-        log(INFO, "pre-FL: sending the %s to %d clients for %d discriminator epoch(s)",
-            kind, len(expected), cfg.discriminator_epochs)
-        self.record.sent("pre_fl", "down", arrays.count_bytes() * len(expected))
-        start = time.perf_counter()
-        replies = self.exchange(
-            [Message(content, dst_node_id=n, message_type=TRAIN_DISCRIMINATOR) for n in expected],
-            expected, "pre-FL: discriminator", server_round=0)
-        self.record.time("discriminator_training", time.perf_counter() - start)
-        self.record.sent("pre_fl", "up", payload_bytes(replies))
-        template = new_discriminator(cfg, self.setup.image_shape).state_dict()
-        received, tally = self.collect(replies, "discriminator", template, expected)
-        self.record.data["pre_fl"]["replies"] = tally
-        self.record.client_seconds("discriminators", sum(
-            float(m.metrics.get("discriminator-seconds", 0.0)) for m in received))
-        if not received:
-            raise RuntimeError("pre-FL: no client returned a usable discriminator")
-        left_out = sorted(set(self.clients.partition_ids) - {m.partition_id for m in received})
-        if left_out and cfg.require_all_clients:
-            raise RuntimeError(f"pre-FL: partitions {left_out} sent no usable discriminator "
-                               "(require-all-clients = true)")
-        if left_out:
-            log(WARNING, "pre-FL: partitions %s sent no usable discriminator: they still train, "
-                "and are left out of the odds-weighted ensemble", left_out)
-        self.record.data["pre_fl"]["discriminator_loss"] = {
-            str(m.partition_id): m.metrics.get("discriminator-loss") for m in received}
-        discriminators = {}
-        for m in received:
-            d = new_discriminator(cfg, self.setup.image_shape)
-            d.load_state_dict(m.state)
-            discriminators[m.partition_id] = (d, calibration_of(m.metrics) if self.calibrated
-                                              else None)
-        if self.calibrated:
-            self.record.data["pre_fl"]["calibration"] = {
-                str(p): list(cal) for p, (_, cal) in discriminators.items()}
-        return discriminators
+    def train_generator(self) -> Generator:
+        """G1: WGAN-GP on U, seeded."""
+        g, (c, h) = self.gan, (self.u.shape[1], self.u.shape[2])
+        torch.manual_seed(self.seed)
+        generator = Generator(g["latent_dim"], c, h, g["width"])
+        every = max(1, g["steps"] // 10)
+        info = train_wgan_gp(
+            generator, Critic(c, h, g["width"]), self.u, steps=g["steps"],
+            critic_steps=g["critic_steps"], gp_weight=g["gp_weight"], lr=g["lr"],
+            batch_size=g["batch_size"], flip=self.views == 2, seed=self.seed,
+            device=self.device, progress=lambda step, w, _: step % every or log(
+                INFO, "pre-FL: generator step %d/%d | Wasserstein estimate %.3f", step,
+                g["steps"], w))
+        log(INFO, "pre-FL: generator trained in %.1fs", info["seconds"])
+        return generator.cpu().eval()
 
-    def reply_problem(self, reply: Message, array_key: str, template: dict[str, torch.Tensor],
-                      extras: dict[str, dict[str, torch.Tensor]] | None = None) -> str | None:
-        why = super().reply_problem(reply, array_key, template, extras)
-        if why or array_key != "discriminator" or not self.calibrated:
+    def send_generator(self, grid: Grid, nodes) -> None:
+        """Push G to these nodes without waiting; their replies are pulled later."""
+        nodes = [n for n in nodes if n not in self.asked]
+        if not nodes:
+            return
+        config = ConfigRecord({**self.discriminator_config,
+                               "latent-dim": self.generator.latent_dim,
+                               "generator-width": self.generator.dim})
+        content = RecordDict({"generator": ArrayRecord(self.generator.state_dict()),
+                              "config": config})
+        messages = [Message(content, dst_node_id=n, message_type=TRAIN_DISCRIMINATOR)
+                    for n in nodes]
+        self.pending.update(zip(grid.push_messages(messages), nodes))
+        self.asked.update(nodes)
+
+    def receive_discriminators(self, grid: Grid) -> None:
+        """Pull whatever D_k has come back and turn each usable one into odds on U."""
+        for reply in grid.pull_messages(list(self.pending)):
+            node = self.pending.pop(reply.metadata.reply_to_message_id, None)
+            if node is None:
+                continue
+            why = (f"failed: {reply.error.reason}" if reply.has_error()
+                   else self.discriminator_problem(reply))
+            if why:
+                log(WARNING, "discriminator of node %d left out: %s", node, why)
+                continue
+            self.log_odds[node] = self.odds_on_u(reply)
+            log(INFO, "discriminator of node %d in (%d in all)", node, len(self.log_odds))
+
+    def discriminator_problem(self, reply: Message) -> str | None:
+        content = reply.content
+        metrics = content.metric_records.get("metrics")
+        why = (state_problem(content.array_records.get("discriminator"),
+                             self.discriminator_template)
+               or examples_problem(metrics, "num-examples"))
+        if why or not self.discriminator_config["calibration-fraction"]:
             return why
-        metrics = reply.content.metric_records["metrics"]
         a, b = metrics.get("odds-scale"), metrics.get("odds-shift")
         if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in (a, b)) or a <= 0:
-            return (f"calibration (odds-scale, odds-shift) is ({a}, {b}); expected finite "
-                    "numbers with odds-scale > 0")
+            return f"calibration (odds-scale, odds-shift) is ({a}, {b}); expected a > 0, b finite"
         return None
 
-    def cache_odds(self, discriminators: dict[int, tuple[Discriminator, Calibration | None]]
-                   ) -> None:
-        """log Phi_k on every view of the distillation set (U, or the set drawn from G) and
-        on the test split, once: D_k never changes."""
-        start = time.perf_counter()
-        self.row = {p: i for i, p in enumerate(sorted(discriminators))}
-        self.cached_u_log_odds = self.odds_on(self.u, discriminators, self.views, "U")
-        self.cached_test_log_odds = self.odds_on(self.setup.test_x, discriminators, 1,
-                                                 "the test split")[:, 0]
-        self.record.time("odds", time.perf_counter() - start)
-        stats = phi_stats(self.cached_u_log_odds)
-        self.record.data["pre_fl"]["phi_on_u"] = stats
-        cap = ("calibrated, no cap" if self.calibrated
-               else f"{100 * stats['share_near_cap']:.0f}% within 1% of the cap e")
-        log(INFO, "pre-FL: odds on U cached for %d clients (Phi in [%.3g, %.3g], mean %.3g, "
-            "%s)", len(self.row), stats["min"], stats["max"], stats["mean"], cap)
+    def odds_on_u(self, reply: Message) -> torch.Tensor:
+        """log Phi_k on every view of U, [V, |U|]."""
+        c, h = self.u.shape[1], self.u.shape[2]
+        d = Discriminator(c, h, int(self.discriminator_config["discriminator-width"]))
+        d.load_state_dict(reply.content.array_records["discriminator"].to_torch_state_dict())
+        metrics = reply.content.metric_records["metrics"]
+        calibration = ((float(metrics["odds-scale"]), float(metrics["odds-shift"]))
+                       if self.discriminator_config["calibration-fraction"] else None)
+        return torch.stack([log_odds(d, self.u, device=self.device, flip=v == 1,
+                                     calibration=calibration) for v in range(self.views)])
 
-    def screen(self, discriminators: dict) -> dict:
-        """discriminator-screen (fedgo_flwr/defences.py): D_k whose odds on U are saturated,
-        constant or far from the rest leave the odds; their clients train on."""
-        flagged = screen_odds(self.cached_u_log_odds[:, 0], not self.calibrated,
-                              self.cfg.discriminator_screen_z)
-        by_row = {row: p for p, row in self.row.items()}
-        reasons = {by_row[row]: why for row, why in flagged.items()}
-        self.record.data["pre_fl"]["screened"] = {str(p): why for p, why in reasons.items()}
-        for p, why in sorted(reasons.items()):
-            log(WARNING, "pre-FL: the discriminator of partition %d leaves the odds: %s", p, why)
-        kept = [row for row in sorted(by_row) if row not in flagged]
-        if not kept:
-            raise RuntimeError("pre-FL: the screen left no discriminator: "
-                               f"{self.record.data['pre_fl']['screened']}")
-        self.cached_u_log_odds = self.cached_u_log_odds[kept]
-        self.cached_test_log_odds = self.cached_test_log_odds[kept]
-        self.row = {by_row[row]: i for i, row in enumerate(kept)}
-        return {p: d for p, d in discriminators.items() if p in self.row}
+    # --- main FL
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid):
+        """FedAvg's, after taking in late discriminators and sending G to new nodes."""
+        self.receive_discriminators(grid)
+        self.send_generator(grid, grid.get_node_ids())
+        return super().configure_train(server_round, arrays, config, grid)
 
-    def odds_on(self, x: torch.Tensor, discriminators: dict, views: int, name: str,
-                stage: str = "pre-FL") -> torch.Tensor:
-        """log Phi_k on each view of images x, [K, views, N], rows in self.row's order."""
-        rows = []
-        for p in self.row:
-            d, cal = discriminators[p]
-            rows.append(torch.stack([log_odds(d, x, device=self.setup.device, flip=v == 1,
-                                              calibration=cal) for v in range(views)]))
-            log(INFO, "%s: odds of partition %d on %s (%d/%d)", stage, p, name, len(rows),
-                len(self.row))
-        return torch.stack(rows)
-
-    def distillation_set_changed(self, server_round: int) -> None:
-        start = time.perf_counter()
-        self.cached_u_log_odds = self.odds_on(self.u, self.discriminators, self.views,
-                                              "the redrawn distillation set",
-                                              f"round {server_round}")
-        self.record.time("odds", time.perf_counter() - start, server_round)
-
-    # With a redrawn set D_k go into the checkpoints too: a resumed run scores its new sets.
-    def state_dict(self) -> dict:
-        state = super().state_dict()
-        if self.discriminators:
-            state["discriminators"] = {p: (d.state_dict(), cal)
-                                       for p, (d, cal) in self.discriminators.items()}
-        return state
-
-    def load_state_dict(self, state: dict) -> None:
-        super().load_state_dict(state)
-        for p, (weights, cal) in state.get("discriminators", {}).items():
-            d = new_discriminator(self.cfg, self.setup.image_shape)
-            d.load_state_dict(weights)
-            self.discriminators[p] = (d.eval(), cal)
-
-    # ------------------------------------------------------------------ main FL
     def teachers(self, models: list[ClientModel]) -> list[ClientModel]:
-        return [m for m in models if m.partition_id in self.row]
+        return [m for m in models if m.node_id in self.log_odds]
 
-    def round_weighting(self, models: list[ClientModel]) -> WeightRule:
-        if not self.needs_label_counts:
-            return self.weighting
-        counts = self.clients.label_histograms([m.partition_id for m in models])
-        if counts is None:
-            raise RuntimeError(f"weighting {self.cfg.weighting!r} needs every client's label "
-                               "counts; a client of this round sent none")
-        return weighting_rule(self.cfg.weighting, histograms=counts)
-
-    def u_log_odds(self, models: list[ClientModel], view: int) -> torch.Tensor:
-        return self.cached_u_log_odds[[self.row[m.partition_id] for m in models], view]
-
-    def test_log_odds(self, models: list[ClientModel]) -> torch.Tensor:
-        return self.cached_test_log_odds[[self.row[m.partition_id] for m in models]]
+    def scores(self, teachers, nets, u, samples, view):
+        logits, _ = super().scores(teachers, nets, u, samples, view)
+        return logits, torch.stack([self.log_odds[m.node_id][view, samples] for m in teachers])
 
 
 # ---------------------------------------------------------------------------- client side
-def calibration_of(metrics) -> Calibration:
-    """(a, b) of a calibrated D_k, from its reply's metrics."""
-    return float(metrics["odds-scale"]), float(metrics["odds-shift"])
-
-
-def discriminator_update(message: Message, local: Local) -> Message:
-    """Algorithm 3: D_k trained to tell S_k from samples of the server's generator G (or from
-    the server's sample of U); with a calibration fraction, that share of S_k is held out of
-    training and D_k's Platt calibration (a, b) fitted on it is sent as odds-scale/odds-shift."""
-    conf = config_of(message)
-    c, h, _ = local.image_shape
-    flip = bool(conf["flip"])
-    records = message.content.array_records
-    if SERVER_SAMPLE in records:
-        images = records[SERVER_SAMPLE].to_torch_state_dict()["images"]
-        if tuple(images.shape[1:]) != local.image_shape:
-            raise ValueError(f"the server's sample has images of shape {tuple(images.shape[1:])}"
-                             f", this client's are {local.image_shape}")
-        negatives = image_negatives(images, flip=flip)
-    else:
-        generator = Generator(int(conf["latent-dim"]), c, h, int(conf["generator-width"]))
-        generator.load_state_dict(records["generator"].to_torch_state_dict())
-        negatives = generator_negatives(generator.to(local.device))
-    seed = client_seed(int(conf["seed"]), local.partition_id)
-    x, held_out = hold_out(local.x, float(conf["calibration-fraction"]), seed)
-    discriminator = new_local_discriminator(seed, local.image_shape,
-                                            int(conf["discriminator-width"]))
+def discriminator_update(message: Message, data, *, device: str | torch.device = "cpu"
+                         ) -> Message:
+    """Algorithm 3 on a client: D_k trained to tell its images (`data`: a tensor, Dataset or
+    DataLoader, see fedgo_flwr.inputs) from samples of the received G. The reply holds
+    ArrayRecord "discriminator" and MetricRecord "metrics" (num-examples, discriminator-loss,
+    discriminator-seconds, and with calibration odds-scale and odds-shift)."""
+    conf, device = message.content.config_records["config"], torch.device(device)
+    x = images_of(data)
+    c, h = x.shape[1], x.shape[2]
+    generator = Generator(int(conf["latent-dim"]), c, h, int(conf["generator-width"]))
+    generator.load_state_dict(message.content.array_records["generator"].to_torch_state_dict())
+    negatives = generator_negatives(generator.to(device))
+    seed = client_seed(int(conf["seed"]), message.metadata.dst_node_id % 100_000)
+    train, held_out = hold_out(x, float(conf["calibration-fraction"]), seed)
+    torch.manual_seed(seed)
+    discriminator = Discriminator(c, h, int(conf["discriminator-width"]))
     start = time.perf_counter()
-    result = train_discriminator(discriminator, negatives, x,
+    result = train_discriminator(discriminator, negatives, train,
                                  epochs=int(conf["discriminator-epochs"]),
                                  lr=float(conf["discriminator-lr"]),
-                                 batch_size=int(conf["batch-size"]), flip=flip,
-                                 seed=seed, device=local.device)
+                                 batch_size=int(conf["batch-size"]), flip=bool(conf["flip"]),
+                                 seed=seed, device=device)
     if len(held_out):
         a, b = calibrate_discriminator(discriminator, negatives, held_out, seed=seed + 1,
-                                       device=local.device)
+                                       device=device)
         result.update({"odds-scale": a, "odds-shift": b})
-    result["discriminator-seconds"] = time.perf_counter() - start  # calibration included
-    return reply(message, {"num-examples": len(local.x), **result},
-                 discriminator=ArrayRecord(discriminator.cpu().state_dict()))
-
-
-def new_local_discriminator(seed: int, image_shape, width: int) -> Discriminator:
-    """D_k as client k initialises it (from its client seed)."""
-    torch.manual_seed(seed)
-    c, h, _ = image_shape
-    return Discriminator(c, h, width)
-
-
-def hold_out(x: torch.Tensor, fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A seeded split of x into (training, held-out) with about `fraction` held out (at least
-    one image each side when fraction > 0)."""
-    if fraction <= 0:
-        return x, x[:0]
-    if len(x) < 2:
-        raise ValueError(f"calibrating D_k needs at least 2 images, this client has {len(x)}")
-    order = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))
-    held = min(len(x) - 1, max(1, round(fraction * len(x))))
-    return x[order[held:]], x[order[:held]]
-
-
-FEDGO = StrategySpec("fedgo", FedGO, {**ENSEMBLE_CLIENT, TRAIN_DISCRIMINATOR: discriminator_update},
-                     reads=(*READS, "weighting", "generator", "pre-fl"),
-                     marks=(("weighting", "odds", "{}"), ("odds-beta", 1.0, "beta={:g}"),
-                            ("discriminator-negatives", "generator", "D vs {}"),
-                            ("discriminator-calibration", "none", "{}"),
-                            ("discriminator-screen", "none", "{} screen"), *MARKS))
+    result["discriminator-seconds"] = time.perf_counter() - start
+    return Message(RecordDict({
+        "discriminator": ArrayRecord(discriminator.cpu().state_dict()),
+        "metrics": MetricRecord({"num-examples": len(x), **result})}), reply_to=message)

@@ -17,8 +17,8 @@ import torch
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.common.logger import log
 
-from fedgo_flwr.server.mailbox import NO_ANSWER, Mailbox
-from fedgo_flwr.server.replies import count_problem
+from fedgo_app.server.mailbox import NO_ANSWER, Mailbox
+from fedgo_app.server.replies import count_problem
 
 QUERY_INFO = "query"
 # A round trains at least two clients (as Flower's own strategies do, min_train_nodes = 2):

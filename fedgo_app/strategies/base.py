@@ -26,24 +26,24 @@ from torch import nn
 
 from fedgo_flwr.aggregation import aggregate, mean
 from fedgo_flwr.architectures import join, split
-from fedgo_flwr.attacks import COLLUDING, byzantine_partitions, colluded
-from fedgo_flwr.client_context import Local, config_of, reply
+from fedgo_app.attacks import COLLUDING, byzantine_partitions, colluded
+from fedgo_app.client_context import Local, config_of, reply
 from fedgo_flwr.keys import ConfigError
 from fedgo_flwr.models import create_classifier, require_feature_space
 from fedgo_flwr.seeds import client_seed, round_seed
-from fedgo_flwr.server.clients import (MIN_CLIENTS, Client, ClientDirectory, classes_problem,
+from fedgo_app.server.clients import (MIN_CLIENTS, Client, ClientDirectory, classes_problem,
                                        config_record, discover_clients, query_nodes,
                                        sample_partitions)
-from fedgo_flwr.server.mailbox import Mailbox
-from fedgo_flwr.server.record import RunRecord, round_line
-from fedgo_flwr.server.replies import (label_counts_problem, payload_bytes, reply_problem,
+from fedgo_app.server.mailbox import Mailbox
+from fedgo_app.server.record import RunRecord, round_line
+from fedgo_app.server.replies import (label_counts_problem, payload_bytes, reply_problem,
                                        scores_problem)
-from fedgo_flwr.strategies.registry import StrategySpec
+from fedgo_app.strategies.registry import StrategySpec
 from fedgo_flwr.teachers import server_autocast
 from fedgo_flwr.train import evaluate, train_classifier
 
 if TYPE_CHECKING:
-    from fedgo_flwr.config import Config
+    from fedgo_app.config import Config
 
 
 # How long a round's start waits for absent or newly connected nodes to answer a query.

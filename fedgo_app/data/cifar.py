@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from torchvision.datasets import CIFAR10, CIFAR100
 
-from fedgo_flwr.data.lock import fetch_once
+from fedgo_app.data.lock import fetch_once
 
 
 def present(cls: type[CIFAR10]) -> type[CIFAR10]:

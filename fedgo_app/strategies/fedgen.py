@@ -29,15 +29,15 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.common.logger import log
 from torch import nn
 
-from fedgo_flwr.client_context import Local, config_of
+from fedgo_app.client_context import Local, config_of
 from fedgo_flwr.diversity import diversity_loss
 from fedgo_flwr.keys import AT_LEAST_ONE, FRACTION, NON_NEGATIVE, POSITIVE, key
 from fedgo_flwr.models import FeatureGenerator
 from fedgo_flwr.seeds import client_seed, round_seed
-from fedgo_flwr.server.record import RunRecord
-from fedgo_flwr.strategies.base import (CLIENT, ClientModel, FedAvgStrategy, ServerSetup,
+from fedgo_app.server.record import RunRecord
+from fedgo_app.strategies.base import (CLIENT, ClientModel, FedAvgStrategy, ServerSetup,
                                         local_update)
-from fedgo_flwr.strategies.registry import StrategySpec
+from fedgo_app.strategies.registry import StrategySpec
 from fedgo_flwr.weighting import label_shares
 
 

@@ -6,7 +6,7 @@
     load        (G2) an off-the-shelf generator from `generator-file`, in the portable format
                 below (`python -m fedgo_lab.export_generator` writes one from any trained G).
     fedgan      (G3) trained by the clients with FedGAN, a pre-FL stage with messages
-                (fedgo_flwr/strategies/fedgan.py).
+                (fedgo_app/strategies/fedgan.py).
 
 A generator file is a torch file holding a dict: format (FORMAT), architecture (a key of
 ARCHITECTURES), arguments (its constructor's keyword arguments), image_shape [C, H, W],
@@ -24,7 +24,7 @@ import torch
 from flwr.common.logger import log
 
 from fedgo_flwr.gan import train_wgan_gp
-from fedgo_flwr.generator_cache import generator_description, load_generator, save_generator
+from fedgo_app.generator_cache import generator_description, load_generator, save_generator
 from fedgo_flwr.keys import ConfigError
 from fedgo_flwr.models import Critic, Generator
 
@@ -143,20 +143,3 @@ def fit_wgan_gp(cfg, generator: Generator, images: torch.Tensor, device: torch.d
                          steps=cfg.generator_steps, critic_steps=cfg.critic_steps,
                          gp_weight=cfg.gp_weight, lr=cfg.gan_lr, batch_size=cfg.gan_batch_size,
                          flip=cfg.flip, seed=cfg.seed, device=device, progress=progress)
-
-
-def to_images(x: torch.Tensor) -> torch.Tensor:
-    """Generator output in [-1, 1] as uint8 images, the form U has."""
-    return ((x.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
-
-
-@torch.no_grad()
-def draw_images(generator: Generator, n: int, seed: int, device: torch.device) -> torch.Tensor:
-    """n images of G as uint8 [n, C, H, W], from seeded latents, drawn in batches of 512."""
-    gen = torch.Generator().manual_seed(seed)
-    generator.to(device).eval()
-    parts = [to_images(generator(torch.randn(len(idx), generator.latent_dim,
-                                             generator=gen).to(device)).cpu())
-             for idx in torch.arange(n).split(512)]
-    generator.cpu()
-    return torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8)

@@ -18,7 +18,7 @@ import torch
 from torchvision.datasets import FashionMNIST
 from torchvision.datasets.utils import extract_archive
 
-from fedgo_flwr.data.lock import fetch_once
+from fedgo_app.data.lock import fetch_once
 
 DEBIAN_DIR = Path("/usr/share/datasets/fashion-mnist")
 log = logging.getLogger(__name__)

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, Message
 
-from fedgo_flwr.client_context import Local, config_of
+from fedgo_app.client_context import Local, config_of
 from fedgo_flwr.seeds import client_seed
 
 COLLUDING = ("alie", "ipm")  # crafted from the round's honest updates: `colluded`

@@ -1,6 +1,6 @@
 """What a strategy is to the apps: its server strategy, the client handler of every message type
 its clients answer, the run-config keys it declares and the groups of shared keys it reads.
-Each method's module builds one `StrategySpec`; `fedgo_flwr/strategies/__init__.py` lists
+Each method's module builds one `StrategySpec`; `fedgo_app/strategies/__init__.py` lists
 them. The ServerApp builds `STRATEGIES.server(setup, record)`; the ClientApp hands each message
 to `STRATEGIES.handler(cfg, type)`.
 
@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from flwr.app import Message
 
-from fedgo_flwr.attacks import attacked
+from fedgo_app.attacks import attacked
 
 if TYPE_CHECKING:
-    from fedgo_flwr.client_context import Local
+    from fedgo_app.client_context import Local
 
 Handler = Callable[[Message, "Local"], Message]
 

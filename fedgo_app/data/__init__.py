@@ -15,13 +15,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedgo_flwr.data.cifar import load_cifar
-from fedgo_flwr.data.fmnist import load_fmnist
-from fedgo_flwr.data.folder import load_folder
-from fedgo_flwr.data.hub import PREFIX as HUB
-from fedgo_flwr.data.hub import load_hub
-from fedgo_flwr.data.imagenet100 import load_imagenet100
-from fedgo_flwr.data.split import PARTITIONERS, Partitioning, partition_pool, server_client_split
+from fedgo_app.data.cifar import load_cifar
+from fedgo_app.data.fmnist import load_fmnist
+from fedgo_app.data.folder import load_folder
+from fedgo_app.data.hub import PREFIX as HUB
+from fedgo_app.data.hub import load_hub
+from fedgo_app.data.imagenet100 import load_imagenet100
+from fedgo_app.data.split import PARTITIONERS, Partitioning, partition_pool, server_client_split
 from fedgo_flwr.keys import ConfigError
 
 

@@ -20,18 +20,18 @@ from typing import Any, Mapping
 
 from fedgo_flwr.aggregation import AGGREGATORS, Aggregation
 from fedgo_flwr.architectures import parse_client_models
-from fedgo_flwr.attacks import ATTACKS, COLLUDING, byzfl_problem, well_formed_ids
+from fedgo_app.attacks import ATTACKS, COLLUDING, byzfl_problem, well_formed_ids
 from fedgo_flwr.defences import SCREENS
-from fedgo_flwr.data import DATASETS, PARTITIONERS, dataset_name_problem
+from fedgo_app.data import DATASETS, PARTITIONERS, dataset_name_problem
 from fedgo_flwr.distill import DISTILL_SETS, ENSEMBLE_SPACES, GUARDS
 from fedgo_flwr.gan import CALIBRATIONS, NEGATIVES
-from fedgo_flwr.generators import GENERATOR_SOURCES
+from fedgo_app.generators import GENERATOR_SOURCES
 from fedgo_flwr.keys import (AT_LEAST_ONE, FRACTION, NON_NEGATIVE, POSITIVE, Allowed,
                              ConfigError, Declared, OneOf, check, check_fields, choice, coerce,
                              declared, key)
 from fedgo_flwr.models import CLASSIFIERS, model_name_problem
 from fedgo_flwr.train import OPTIMIZERS
-from fedgo_flwr.strategies import STRATEGIES
+from fedgo_app.strategies import STRATEGIES
 from fedgo_flwr.weighting import WEIGHTINGS
 
 __all__ = ["Config", "ConfigError", "GROUPS", "check", "choice"]
@@ -173,7 +173,7 @@ class Config:
     discriminator_screen_z: float = key(3.5, "robust standard deviations from the median "
                                         "mean odds beyond which discriminator-screen flags a "
                                         "D_k", POSITIVE, ("pre-fl",))
-    attack: str = key("none", "what the Byzantine clients do (fedgo_flwr/attacks.py): none, "
+    attack: str = key("none", "what the Byzantine clients do (fedgo_app/attacks.py): none, "
                       "discriminator-max (the paper's), sign-flip, scale, gaussian, label-flip, "
                       "inflate-examples, alie, ipm (ByzFL's, an optional extra)",
                       OneOf(ATTACKS), ("robustness",))

@@ -14,7 +14,7 @@ from datasets import ClassLabel
 from datasets import Image as ImageFeature
 from flwr_datasets import FederatedDataset
 
-from fedgo_flwr.data.folder import rgb_pixels
+from fedgo_app.data.folder import rgb_pixels
 
 PREFIX = "hub:"
 

@@ -41,15 +41,15 @@ from flwr.common.logger import log
 from torch import nn
 
 from fedgo_flwr import bpg
-from fedgo_flwr.client_context import Local, config_of, reply
+from fedgo_app.client_context import Local, config_of, reply
 from fedgo_flwr.fusion import fuse, learn_fusion
 from fedgo_flwr.keys import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, check, key
 from fedgo_flwr.models import ConditionalGenerator
 from fedgo_flwr.seeds import client_seed, round_seed
-from fedgo_flwr.server.record import RunRecord
-from fedgo_flwr.strategies.base import (CLIENT, ClientModel, FedAvgStrategy, ServerSetup,
+from fedgo_app.server.record import RunRecord
+from fedgo_app.strategies.base import (CLIENT, ClientModel, FedAvgStrategy, ServerSetup,
                                         local_update)
-from fedgo_flwr.strategies.registry import StrategySpec
+from fedgo_app.strategies.registry import StrategySpec
 from fedgo_flwr.train import evaluate, train_classifier
 from fedgo_flwr.weighting import label_shares
 

@@ -15,10 +15,10 @@ import torch
 from flwr.app import ConfigRecord, Message
 from torch import nn
 
-from fedgo_flwr.client_context import Local, config_of
+from fedgo_app.client_context import Local, config_of
 from fedgo_flwr.keys import POSITIVE, choice, key
-from fedgo_flwr.strategies.base import CLIENT, local_update
-from fedgo_flwr.strategies.registry import StrategySpec
+from fedgo_app.strategies.base import CLIENT, local_update
+from fedgo_app.strategies.registry import StrategySpec
 
 
 @dataclass(frozen=True)

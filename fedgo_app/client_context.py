@@ -13,14 +13,14 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from torch import nn
 
 from fedgo_flwr.architectures import architecture_of
-from fedgo_flwr.data import client_data, dataset
-from fedgo_flwr.data.folder import load_site
+from fedgo_app.data import client_data, dataset
+from fedgo_app.data.folder import load_site
 from fedgo_flwr.models import create_classifier
 from fedgo_flwr.seeds import client_seed
 from fedgo_flwr.train import resolve_device
 
 if TYPE_CHECKING:
-    from fedgo_flwr.config import Config
+    from fedgo_app.config import Config
 
 
 @dataclass

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fedgo_flwr.data.folder import read_tree
+from fedgo_app.data.folder import read_tree
 
 CLASSES = tuple("""
 n02869837 n01749939 n02488291 n02107142 n13037406 n02091831 n04517823 n04589890
@@ -44,4 +44,4 @@ def check_classes(folder: Path, found: list[str]) -> None:
         raise RuntimeError(
             f"dataset 'imagenet100': the class folders of {folder} are not ImageNet100's 100 "
             f"synsets ({len(missing)} missing: {', '.join(missing[:3]) or '-'}; {len(extra)} "
-            f"not in the list: {', '.join(extra[:3]) or '-'}); see fedgo_flwr/data/imagenet100.py")
+            f"not in the list: {', '.join(extra[:3]) or '-'}); see fedgo_app/data/imagenet100.py")

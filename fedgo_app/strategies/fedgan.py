@@ -16,14 +16,14 @@ import torch
 from flwr.app import ArrayRecord, Message, RecordDict
 from flwr.common.logger import log
 
-from fedgo_flwr.client_context import Local, config_of, reply
+from fedgo_app.client_context import Local, config_of, reply
 from fedgo_flwr.gan import train_wgan_gp
-from fedgo_flwr.generators import new_generator
+from fedgo_app.generators import new_generator
 from fedgo_flwr.models import Critic, Generator
 from fedgo_flwr.seeds import client_seed, round_seed
-from fedgo_flwr.server.clients import config_record, sample_partitions
-from fedgo_flwr.server.replies import payload_bytes
-from fedgo_flwr.strategies.base import ClientModel, weighted_average
+from fedgo_app.server.clients import config_record, sample_partitions
+from fedgo_app.server.replies import payload_bytes
+from fedgo_app.strategies.base import ClientModel, weighted_average
 
 TRAIN_FEDGAN = "train.fedgan"
 GENERATOR, CRITIC = "generator", "critic"

@@ -1,0 +1,25 @@
+"""The strategy registry: run-config `strategy` -> StrategySpec (server strategy, client
+handlers, declared keys). A new method is one module and one line here."""
+
+from fedgo_app.strategies.base import FEDAVG, FedAvgStrategy, ServerSetup
+from fedgo_app.strategies.dafkd import DAFKD
+from fedgo_app.strategies.fedbpg import FEDBPG
+from fedgo_app.strategies.feddf import FEDDF, FedDF
+from fedgo_app.strategies.fedgen import FEDGEN
+from fedgo_app.strategies.fedgo import FEDGO, FedGO
+from fedgo_app.strategies.fedprox import FEDPROX
+from fedgo_app.strategies.registry import Registry, StrategySpec
+
+STRATEGIES = Registry()
+for spec in (
+    FEDAVG,
+    FEDDF,
+    FEDGO,
+    FEDPROX,
+    FEDGEN,
+    DAFKD,
+    FEDBPG,
+):
+    STRATEGIES.register(spec)
+
+__all__ = ["STRATEGIES", "FedAvgStrategy", "FedDF", "FedGO", "ServerSetup", "StrategySpec"]

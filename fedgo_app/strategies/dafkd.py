@@ -1,0 +1,167 @@
+"""DaFKD (Wang et al., CVPR 2023), domain-aware federated knowledge distillation, data-free.
+
+Every round each sampled client trains its classifier together with a discriminator D_k on it
+(a linear head on the classifier's latent layer, `features`) that tells S_k from the samples of
+the global generator G; in the first `dafkd-gan-rounds` rounds it also trains G against D_k
+(collaborative GAN). The server averages the classifiers, the discriminator heads and (in
+those rounds) G, all by n_k, generates the round's distillation set with the global G, and
+distils the averaged model on it with the ensemble weights w_k(x) = D_k(x) / sum_i D_i(x)
+(the FedGO paper's summary of DaFKD), D_k being this round's client k's discriminator.
+
+Where the FedGO paper's summary is silent this follows DaFKD's public code as algorithms.md
+records it: the discriminator is a head on the classifier trunk (so the trunk learns from the
+discriminator loss too; classifier and discriminator share one Adam optimiser, the generator has
+its own, betas (0.5, 0.999)); the generator is trained in the first rounds only, and sent down
+every round so the clients' discriminators keep facing it. The public code distils at
+temperature 10; here DaFKD uses the server update every ensemble strategy shares (temperature
+1, `server-epochs` passes, no labelled data), so DaFKD, FedDF and FedGO differ only where the
+methods differ. The generated images are stored as 8-bit images, as U is. The generator is
+FedGO's (`latent-dim`, `generator-width`); the server's unlabeled set U is not used.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+from torch import nn
+
+from fedgo_app.client_context import Local, config_of, reply
+from fedgo_flwr.gan import draw_images
+from fedgo_flwr.keys import NON_NEGATIVE, key
+from fedgo_flwr.models import Generator, generator_fits
+from fedgo_flwr.seeds import client_seed, round_seed
+from fedgo_app.server.record import RunRecord
+from fedgo_app.strategies.base import CLIENT, ClientModel, ServerSetup, weighted_average
+from fedgo_app.strategies.ensemble import MARKS, READS, EnsembleDistillation
+from fedgo_app.strategies.registry import StrategySpec
+from fedgo_flwr.strategies.dafkd import (GENERATOR, HEAD, both_heads, discriminator_head,
+                                         train_domain_aware)
+from fedgo_flwr.teachers import server_autocast
+from fedgo_flwr.train import apply_in_batches
+from fedgo_flwr.weighting import domain_aware_weights
+
+
+@dataclass(frozen=True)
+class DaFKDKeys:
+    """Run-config keys dafkd-*."""
+    gan_rounds: int = key(5, "rounds in which the clients also train the generator (FedGO's "
+                          "latent-dim, generator-width, gan-lr); it is sent down every round",
+                          NON_NEGATIVE)
+
+
+# ---------------------------------------------------------------------------- server side
+class DaFKD(EnsembleDistillation):
+    mixes_architectures = False  # one discriminator head on one latent space
+    draws_distillation_set = False  # its own, from its collaboratively trained G, every round
+    has_discriminators = True
+    carried = ("generator", "head")  # the global G and D head; the rest is made each round
+
+    def __init__(self, setup: ServerSetup, record: RunRecord):
+        super().__init__(setup, record, domain_aware_weights)
+        cfg = setup.cfg
+        self.keys = setup.cfg.keys("dafkd")
+        c, h, _ = setup.image_shape
+        generator_fits(h, cfg.dataset)
+        with torch.random.fork_rng():
+            torch.manual_seed(cfg.seed)
+            self.generator = Generator(cfg.latent_dim, c, h, cfg.generator_width)
+            self.head = discriminator_head(setup.latent_dim("dafkd"))
+        self.heads: dict[int, dict[str, torch.Tensor]] = {}  # partition -> this round's D_k head
+        self.size = len(setup.u)  # generated distillation set, as large as U is for the others
+
+    def trains_generator(self, server_round: int) -> bool:
+        return server_round <= self.keys.gan_rounds
+
+    def train_content(self, server_round: int, arrays: ArrayRecord) -> RecordDict:
+        content = super().train_content(server_round, arrays)
+        content[GENERATOR] = ArrayRecord(self.generator.state_dict())
+        content[HEAD] = ArrayRecord(self.head.state_dict())
+        return content
+
+    def train_config(self, server_round: int) -> ConfigRecord:
+        conf = super().train_config(server_round)
+        cfg = self.cfg
+        conf.update({"train-generator": self.trains_generator(server_round),
+                     "latent-dim": cfg.latent_dim, "generator-width": cfg.generator_width,
+                     "gan-lr": cfg.gan_lr})
+        return conf
+
+    def train_extras(self, server_round: int) -> dict[str, dict[str, torch.Tensor]]:
+        """Train replies also carry D_k's head, and G in the generator rounds."""
+        need = {HEAD: self.head.state_dict()}
+        if self.trains_generator(server_round):
+            need[GENERATOR] = self.generator.state_dict()
+        return need
+
+    def server_update(self, server_round: int, averaged: dict[str, torch.Tensor],
+                      models: list[ClientModel]) -> dict[str, torch.Tensor]:
+        self.heads = {m.partition_id: m.extras[HEAD] for m in models}
+        self.head.load_state_dict(self.average(models, HEAD, self.head))
+        if self.trains_generator(server_round):
+            self.generator.load_state_dict(self.average(models, GENERATOR, self.generator))
+        # the round's distillation set: |U| images of the global G
+        self.u = draw_images(self.generator, self.size, round_seed(self.cfg.seed, server_round),
+                             self.setup.device)
+        return super().server_update(server_round, averaged, models)
+
+    @staticmethod
+    def average(models: list[ClientModel], key: str, net: nn.Module) -> dict:
+        """sum_k n_k / sum_i n_i of the clients' `key` arrays."""
+        parts = [ClientModel(m.partition_id, m.num_examples, m.extras[key], {}) for m in models]
+        return weighted_average(parts, net.state_dict())
+
+    def scores(self, models: list[ClientModel], nets: list[nn.Module], x: torch.Tensor,
+               flip: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each client's class logits [K, N, C] and discriminator logits, logit D_k(x) (its
+        log-odds) [K, N], from one pass of its trunk: D_k is a head on its own latent layer."""
+        logits, log_odds, dev = [], [], self.setup.device
+        for m, net in zip(models, nets):
+            head = discriminator_head(net.latent_dim)
+            head.load_state_dict(self.heads[m.partition_id])
+            net.to(dev).eval()
+            head.to(dev)
+            with server_autocast(dev, self.setup.amp):
+                out = apply_in_batches(lambda xb: both_heads(net, head, xb), x, device=dev,
+                                       flip=flip)
+            logits.append(out[:, :-1])
+            log_odds.append(out[:, -1])
+        return torch.stack(logits), torch.stack(log_odds)
+
+    def view_scores(self, models: list[ClientModel], nets: list[nn.Module], view: int,
+                    samples: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.scores(models, nets, self.u[samples], flip=view == 1)
+
+    def test_scores(self, models: list[ClientModel], nets: list[nn.Module]
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.scores(models, nets, self.setup.test_x)
+
+
+# ---------------------------------------------------------------------------- client side
+def domain_aware_update(message: Message, local: Local) -> Message:
+    """The classifier and D_k trained on S_k against the global G (and G against D_k in the
+    generator rounds); replies theta_k, D_k's head, and G_k when it trained G."""
+    conf = config_of(message)
+    model = local.classifier(message)
+    head = discriminator_head(model.latent_dim)
+    head.load_state_dict(message.content.array_records[HEAD].to_torch_state_dict())
+    c, h, _ = local.image_shape
+    generator = Generator(int(conf["latent-dim"]), c, h, int(conf["generator-width"]))
+    generator.load_state_dict(message.content.array_records[GENERATOR].to_torch_state_dict())
+    train_generator = bool(conf["train-generator"])
+    result = train_domain_aware(
+        model, head, generator, local.x, local.y, epochs=int(conf["local-epochs"]),
+        batch_size=int(conf["batch-size"]), lr=float(conf["lr"]), gan_lr=float(conf["gan-lr"]),
+        train_generator=train_generator, flip=bool(conf["flip"]), crop=int(conf["random-crop"]),
+        optimizer=str(conf["optimizer"]), momentum=float(conf["momentum"]),
+        seed=client_seed(int(conf["seed"]), local.partition_id), device=local.device)
+    arrays = {"arrays": ArrayRecord(model.cpu().state_dict()),
+              HEAD: ArrayRecord(head.cpu().state_dict())}
+    if train_generator:
+        arrays[GENERATOR] = ArrayRecord(generator.cpu().state_dict())
+    return reply(message, {"num-examples": len(local.y), **result}, **arrays)
+
+
+DAFKD = StrategySpec("dafkd", DaFKD, {**CLIENT, "train": domain_aware_update}, keys=DaFKDKeys,
+                     reads=(*READS, "generator"), marks=MARKS)

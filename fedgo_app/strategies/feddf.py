@@ -1,0 +1,91 @@
+"""FedDF (Lin et al., 2020): ensemble distillation with UNIFORM weights. The student starts
+from this round's n_k-weighted average; the teacher is the plain mean of the client logits;
+KL(teacher || student) at temperature 1.
+
+By default FedDF distils exactly as every other ensemble strategy here (E_s passes over U, the
+shared optimiser and schedule, no labelled data), as the FedGO paper trains its baselines
+(App. F.6.2). `feddf-published = true` gives FedDF's own server update instead: Adam with
+cosine annealing over a step budget restarted every round, batch 128, gradient norm clipped at
+5, and, with `val-size` > 0, early stopping on that many LABELLED server images, keeping the
+best checkpoint."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from logging import INFO
+
+import torch
+from flwr.common.logger import log
+
+from fedgo_flwr.distill import distill_early_stopping
+from fedgo_flwr.keys import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, check, key
+from fedgo_app.server.record import RunRecord
+from fedgo_app.strategies.base import ServerSetup
+from fedgo_app.strategies.ensemble import ENSEMBLE_CLIENT, MARKS, READS, EnsembleDistillation
+from fedgo_app.strategies.registry import StrategySpec
+from fedgo_flwr.weighting import uniform_weights
+
+
+@dataclass(frozen=True)
+class FedDFKeys:
+    """Run-config keys feddf-*: FedDF's server update as published, instead of the shared one."""
+    published: bool = key(False, "FedDF's own server update instead of the shared one (the "
+                          "keys below; val-size labelled images)")
+    steps: int = key(500, "its step budget a round (1e4 in its paper)", NON_NEGATIVE)
+    batch_size: int = key(128, "its batch size", AT_LEAST_ONE)
+    eval_every: int = key(100, "validate every N steps", AT_LEAST_ONE)
+    patience: int = key(1000, "stop after this many steps without a better validation "
+                        "accuracy, restoring the best checkpoint", AT_LEAST_ONE)
+    clip_norm: float = key(5.0, "gradient norm clip", POSITIVE)
+
+    def validate(self, cfg, strategies) -> None:
+        check("feddf-published", not self.published or cfg.strategy == "feddf",
+              f"is true, but strategy is {cfg.strategy!r}: it switches FedDF (strategy = "
+              "\"feddf\") to its published server update")
+        check("val-size", cfg.val_size == 0 or self.published,
+              "is > 0, but only FedDF's published server update reads labelled server data: "
+              "set feddf-published = true (and strategy = \"feddf\") or val-size = 0")
+
+
+class FedDF(EnsembleDistillation):
+    def __init__(self, setup: ServerSetup, record: RunRecord):
+        super().__init__(setup, record, uniform_weights)
+        self.keys = keys = setup.cfg.keys("feddf")
+        if keys.published:
+            log(INFO, "FedDF as published: %d steps of batch %d a round, %s", keys.steps,
+                keys.batch_size, f"early stopping on {len(setup.val_y)} labelled images"
+                if len(setup.val_y) else "no early stopping (val-size = 0)")
+
+    def distill_batches(self, server_round: int) -> list[torch.Tensor]:
+        """Published: the step budget, feddf-steps minibatches of shuffled passes over U."""
+        keys, n = self.keys, len(self.u)
+        if not keys.published:
+            return super().distill_batches(server_round)
+        epochs = math.ceil(keys.steps / math.ceil(n / keys.batch_size)) if n else 0
+        return self.draw_round_batches(server_round, epochs=epochs,
+                                       batch_size=keys.batch_size)[:keys.steps]
+
+    def distill_student(self, server_round: int, student: torch.nn.Module,
+                        targets: torch.Tensor, batches: list[torch.Tensor]) -> dict:
+        keys, lr = self.keys, self.cfg.server_lr
+        if not keys.published:
+            return super().distill_student(server_round, student, targets, batches)
+        validation = (self.setup.val_x, self.setup.val_y) if len(self.setup.val_y) else None
+        info = distill_early_stopping(
+            student, self.u, targets, batches=batches, lr=lr, device=self.setup.device,
+            validation=validation, eval_every=keys.eval_every, patience=keys.patience,
+            clip_norm=keys.clip_norm, amp=self.setup.amp, optimizer=self.cfg.optimizer,
+            momentum=self.cfg.momentum)
+        return {**info, "distill_lr": lr}
+
+
+def row_name(config) -> str:
+    """FedDF's published update is its own row, which says when it read labelled data."""
+    if not config.get("feddf-published"):
+        return "feddf"
+    return "feddf-published" + (" (labelled val)" if config.get("val-size") else "")
+
+
+FEDDF = StrategySpec("feddf", FedDF, ENSEMBLE_CLIENT, keys=FedDFKeys, reads=READS, marks=MARKS,
+                     row_name=row_name)

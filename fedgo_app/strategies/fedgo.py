@@ -1,0 +1,301 @@
+"""FedGO (Algorithm 2): a pre-FL stage that gives every client the generator G once and gets
+back its discriminator D_k (Algorithm 3, the client handler `train.discriminator` below), then
+FedAvg rounds each followed by ensemble distillation on U with the odds weights
+w_k(u) = n_k Phi_k(u) / sum_i n_i Phi_i(u).
+
+Beyond the paper, behind keys whose defaults are the paper's: a sample of U instead of G as
+the discriminators' negatives (`discriminator-negatives`), and Platt-calibrated odds without
+the cap e (`discriminator-calibration`)."""
+
+from __future__ import annotations
+
+import math
+import time
+from logging import INFO, WARNING
+
+import torch
+from flwr.app import ArrayRecord, Message, RecordDict
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+
+from fedgo_app.client_context import Local, config_of, reply
+from fedgo_flwr.defences import screen_odds
+from fedgo_flwr.diagnostics import phi_stats
+from fedgo_flwr.gan import (calibrate_discriminator, generator_negatives, hold_out,
+                            image_negatives, log_odds, train_discriminator)
+from fedgo_flwr.models import Discriminator, Generator, generator_fits
+from fedgo_flwr.seeds import client_seed
+from fedgo_app.server.clients import config_record
+from fedgo_app.server.record import RunRecord
+from fedgo_app.server.replies import payload_bytes
+from fedgo_app.strategies.base import ClientModel, ServerSetup
+from fedgo_app.strategies.ensemble import ENSEMBLE_CLIENT, MARKS, READS, EnsembleDistillation
+from fedgo_app.strategies.registry import StrategySpec
+from fedgo_flwr.weighting import NEEDS_LABEL_COUNTS, WeightRule, weighting_rule
+
+TRAIN_DISCRIMINATOR = "train.discriminator"
+SERVER_SAMPLE = "server-sample"  # the ArrayRecord of U's images sent instead of G
+Calibration = tuple[float, float]  # Platt's (a, b): log Phi_k = a * logit + b
+
+
+def server_sample(u: torch.Tensor, size: int, seed: int) -> torch.Tensor:
+    """The seeded sample of U sent instead of G (discriminator-negatives = server-sample)."""
+    order = torch.randperm(len(u), generator=torch.Generator().manual_seed(seed))
+    return u[order[:size]].clone()
+
+
+def new_discriminator(cfg, image_shape) -> Discriminator:
+    c, h, _ = image_shape
+    return Discriminator(c, h, cfg.discriminator_width)
+
+
+class FedGO(EnsembleDistillation):
+    has_discriminators = True
+    carried = ("row", "cached_u_log_odds", "cached_test_log_odds")  # D_k enter once, as odds
+
+    def __init__(self, setup: ServerSetup, record: RunRecord):
+        cfg = setup.cfg
+        self.needs_label_counts = cfg.weighting in NEEDS_LABEL_COUNTS
+        super().__init__(setup, record, None if self.needs_label_counts else
+                         weighting_rule(cfg.weighting, cfg.entropy_tau, cfg.odds_beta))
+        self.row: dict[int, int] = {}  # partition id -> row of the cached odds
+        # D_k, kept only to score a distillation set redrawn every round
+        self.discriminators: dict[int, tuple[Discriminator, Calibration | None]] = {}
+        self.cached_u_log_odds = torch.empty(0)  # [K, V, |U|]
+        self.cached_test_log_odds = torch.empty(0)  # [K, |test|]
+        self.calibrated = cfg.calibrated_odds
+        if cfg.discriminator_negatives == "generator" and cfg.generator_source == "train-on-u":
+            generator_fits(setup.image_shape[1], cfg.dataset)
+
+    # ------------------------------------------------------------------ pre-FL stage
+    def prepare(self, grid: Grid) -> None:
+        super().prepare(grid)
+        discriminators = self.collect_discriminators(grid, self.negatives())
+        self.cache_odds(discriminators)
+        if self.cfg.discriminator_screen == "odds":
+            discriminators = self.screen(discriminators)
+        if self.cfg.redraw_distill_set:
+            self.discriminators = discriminators
+
+    def negatives(self) -> tuple[str, ArrayRecord]:
+        """What the discriminators learn against: G (the paper), or a seeded sample of U."""
+        cfg, u = self.cfg, self.setup.u
+        if cfg.discriminator_negatives == "server-sample":
+            sample = server_sample(u, cfg.server_sample_size, cfg.seed)
+            self.record.data["pre_fl"]["server_sample"] = len(sample)
+            log(INFO, "pre-FL: %d images of U stand in for G", len(sample))
+            return SERVER_SAMPLE, ArrayRecord({"images": sample})
+        return "generator", ArrayRecord(self.generator().state_dict())
+
+    def collect_discriminators(self, grid: Grid, negatives: tuple[str, ArrayRecord]
+                               ) -> dict[int, tuple[Discriminator, Calibration | None]]:
+        """Send the negatives (G) to every client once; each returns D_k trained by
+        Algorithm 3 (and its calibration)."""
+        cfg = self.cfg
+        kind, arrays = negatives
+        # G's own shape: a loaded generator need not have the run's latent-dim and width
+        g = self.generator() if kind == "generator" else None
+        config = config_record(discriminator_epochs=cfg.discriminator_epochs,
+                               discriminator_lr=cfg.discriminator_lr,
+                               batch_size=cfg.gan_batch_size, flip=cfg.flip, seed=cfg.seed,
+                               latent_dim=g.latent_dim if g else cfg.latent_dim,
+                               generator_width=g.dim if g else cfg.generator_width,
+                               discriminator_width=cfg.discriminator_width,
+                               calibration_fraction=cfg.calibration_fraction
+                               if self.calibrated else 0.0)
+        content = RecordDict({kind: arrays, "config": config})
+        expected = {c.node_id: p for p, c in self.clients.by_partition.items()}
+        log(INFO, "pre-FL: sending the %s to %d clients for %d discriminator epoch(s)",
+            kind, len(expected), cfg.discriminator_epochs)
+        self.record.sent("pre_fl", "down", arrays.count_bytes() * len(expected))
+        start = time.perf_counter()
+        replies = self.exchange(
+            [Message(content, dst_node_id=n, message_type=TRAIN_DISCRIMINATOR) for n in expected],
+            expected, "pre-FL: discriminator", server_round=0)
+        self.record.time("discriminator_training", time.perf_counter() - start)
+        self.record.sent("pre_fl", "up", payload_bytes(replies))
+        template = new_discriminator(cfg, self.setup.image_shape).state_dict()
+        received, tally = self.collect(replies, "discriminator", template, expected)
+        self.record.data["pre_fl"]["replies"] = tally
+        self.record.client_seconds("discriminators", sum(
+            float(m.metrics.get("discriminator-seconds", 0.0)) for m in received))
+        if not received:
+            raise RuntimeError("pre-FL: no client returned a usable discriminator")
+        left_out = sorted(set(self.clients.partition_ids) - {m.partition_id for m in received})
+        if left_out and cfg.require_all_clients:
+            raise RuntimeError(f"pre-FL: partitions {left_out} sent no usable discriminator "
+                               "(require-all-clients = true)")
+        if left_out:
+            log(WARNING, "pre-FL: partitions %s sent no usable discriminator: they still train, "
+                "and are left out of the odds-weighted ensemble", left_out)
+        self.record.data["pre_fl"]["discriminator_loss"] = {
+            str(m.partition_id): m.metrics.get("discriminator-loss") for m in received}
+        discriminators = {}
+        for m in received:
+            d = new_discriminator(cfg, self.setup.image_shape)
+            d.load_state_dict(m.state)
+            discriminators[m.partition_id] = (d, calibration_of(m.metrics) if self.calibrated
+                                              else None)
+        if self.calibrated:
+            self.record.data["pre_fl"]["calibration"] = {
+                str(p): list(cal) for p, (_, cal) in discriminators.items()}
+        return discriminators
+
+    def reply_problem(self, reply: Message, array_key: str, template: dict[str, torch.Tensor],
+                      extras: dict[str, dict[str, torch.Tensor]] | None = None) -> str | None:
+        why = super().reply_problem(reply, array_key, template, extras)
+        if why or array_key != "discriminator" or not self.calibrated:
+            return why
+        metrics = reply.content.metric_records["metrics"]
+        a, b = metrics.get("odds-scale"), metrics.get("odds-shift")
+        if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in (a, b)) or a <= 0:
+            return (f"calibration (odds-scale, odds-shift) is ({a}, {b}); expected finite "
+                    "numbers with odds-scale > 0")
+        return None
+
+    def cache_odds(self, discriminators: dict[int, tuple[Discriminator, Calibration | None]]
+                   ) -> None:
+        """log Phi_k on every view of the distillation set (U, or the set drawn from G) and
+        on the test split, once: D_k never changes."""
+        start = time.perf_counter()
+        self.row = {p: i for i, p in enumerate(sorted(discriminators))}
+        self.cached_u_log_odds = self.odds_on(self.u, discriminators, self.views, "U")
+        self.cached_test_log_odds = self.odds_on(self.setup.test_x, discriminators, 1,
+                                                 "the test split")[:, 0]
+        self.record.time("odds", time.perf_counter() - start)
+        stats = phi_stats(self.cached_u_log_odds)
+        self.record.data["pre_fl"]["phi_on_u"] = stats
+        cap = ("calibrated, no cap" if self.calibrated
+               else f"{100 * stats['share_near_cap']:.0f}% within 1% of the cap e")
+        log(INFO, "pre-FL: odds on U cached for %d clients (Phi in [%.3g, %.3g], mean %.3g, "
+            "%s)", len(self.row), stats["min"], stats["max"], stats["mean"], cap)
+
+    def screen(self, discriminators: dict) -> dict:
+        """discriminator-screen (fedgo_flwr/defences.py): D_k whose odds on U are saturated,
+        constant or far from the rest leave the odds; their clients train on."""
+        flagged = screen_odds(self.cached_u_log_odds[:, 0], not self.calibrated,
+                              self.cfg.discriminator_screen_z)
+        by_row = {row: p for p, row in self.row.items()}
+        reasons = {by_row[row]: why for row, why in flagged.items()}
+        self.record.data["pre_fl"]["screened"] = {str(p): why for p, why in reasons.items()}
+        for p, why in sorted(reasons.items()):
+            log(WARNING, "pre-FL: the discriminator of partition %d leaves the odds: %s", p, why)
+        kept = [row for row in sorted(by_row) if row not in flagged]
+        if not kept:
+            raise RuntimeError("pre-FL: the screen left no discriminator: "
+                               f"{self.record.data['pre_fl']['screened']}")
+        self.cached_u_log_odds = self.cached_u_log_odds[kept]
+        self.cached_test_log_odds = self.cached_test_log_odds[kept]
+        self.row = {by_row[row]: i for i, row in enumerate(kept)}
+        return {p: d for p, d in discriminators.items() if p in self.row}
+
+    def odds_on(self, x: torch.Tensor, discriminators: dict, views: int, name: str,
+                stage: str = "pre-FL") -> torch.Tensor:
+        """log Phi_k on each view of images x, [K, views, N], rows in self.row's order."""
+        rows = []
+        for p in self.row:
+            d, cal = discriminators[p]
+            rows.append(torch.stack([log_odds(d, x, device=self.setup.device, flip=v == 1,
+                                              calibration=cal) for v in range(views)]))
+            log(INFO, "%s: odds of partition %d on %s (%d/%d)", stage, p, name, len(rows),
+                len(self.row))
+        return torch.stack(rows)
+
+    def distillation_set_changed(self, server_round: int) -> None:
+        start = time.perf_counter()
+        self.cached_u_log_odds = self.odds_on(self.u, self.discriminators, self.views,
+                                              "the redrawn distillation set",
+                                              f"round {server_round}")
+        self.record.time("odds", time.perf_counter() - start, server_round)
+
+    # With a redrawn set D_k go into the checkpoints too: a resumed run scores its new sets.
+    def state_dict(self) -> dict:
+        state = super().state_dict()
+        if self.discriminators:
+            state["discriminators"] = {p: (d.state_dict(), cal)
+                                       for p, (d, cal) in self.discriminators.items()}
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        for p, (weights, cal) in state.get("discriminators", {}).items():
+            d = new_discriminator(self.cfg, self.setup.image_shape)
+            d.load_state_dict(weights)
+            self.discriminators[p] = (d.eval(), cal)
+
+    # ------------------------------------------------------------------ main FL
+    def teachers(self, models: list[ClientModel]) -> list[ClientModel]:
+        return [m for m in models if m.partition_id in self.row]
+
+    def round_weighting(self, models: list[ClientModel]) -> WeightRule:
+        if not self.needs_label_counts:
+            return self.weighting
+        counts = self.clients.label_histograms([m.partition_id for m in models])
+        if counts is None:
+            raise RuntimeError(f"weighting {self.cfg.weighting!r} needs every client's label "
+                               "counts; a client of this round sent none")
+        return weighting_rule(self.cfg.weighting, histograms=counts)
+
+    def u_log_odds(self, models: list[ClientModel], view: int) -> torch.Tensor:
+        return self.cached_u_log_odds[[self.row[m.partition_id] for m in models], view]
+
+    def test_log_odds(self, models: list[ClientModel]) -> torch.Tensor:
+        return self.cached_test_log_odds[[self.row[m.partition_id] for m in models]]
+
+
+# ---------------------------------------------------------------------------- client side
+def calibration_of(metrics) -> Calibration:
+    """(a, b) of a calibrated D_k, from its reply's metrics."""
+    return float(metrics["odds-scale"]), float(metrics["odds-shift"])
+
+
+def discriminator_update(message: Message, local: Local) -> Message:
+    """Algorithm 3: D_k trained to tell S_k from samples of the server's generator G (or from
+    the server's sample of U); with a calibration fraction, that share of S_k is held out of
+    training and D_k's Platt calibration (a, b) fitted on it is sent as odds-scale/odds-shift."""
+    conf = config_of(message)
+    c, h, _ = local.image_shape
+    flip = bool(conf["flip"])
+    records = message.content.array_records
+    if SERVER_SAMPLE in records:
+        images = records[SERVER_SAMPLE].to_torch_state_dict()["images"]
+        if tuple(images.shape[1:]) != local.image_shape:
+            raise ValueError(f"the server's sample has images of shape {tuple(images.shape[1:])}"
+                             f", this client's are {local.image_shape}")
+        negatives = image_negatives(images, flip=flip)
+    else:
+        generator = Generator(int(conf["latent-dim"]), c, h, int(conf["generator-width"]))
+        generator.load_state_dict(records["generator"].to_torch_state_dict())
+        negatives = generator_negatives(generator.to(local.device))
+    seed = client_seed(int(conf["seed"]), local.partition_id)
+    x, held_out = hold_out(local.x, float(conf["calibration-fraction"]), seed)
+    discriminator = new_local_discriminator(seed, local.image_shape,
+                                            int(conf["discriminator-width"]))
+    start = time.perf_counter()
+    result = train_discriminator(discriminator, negatives, x,
+                                 epochs=int(conf["discriminator-epochs"]),
+                                 lr=float(conf["discriminator-lr"]),
+                                 batch_size=int(conf["batch-size"]), flip=flip,
+                                 seed=seed, device=local.device)
+    if len(held_out):
+        a, b = calibrate_discriminator(discriminator, negatives, held_out, seed=seed + 1,
+                                       device=local.device)
+        result.update({"odds-scale": a, "odds-shift": b})
+    result["discriminator-seconds"] = time.perf_counter() - start  # calibration included
+    return reply(message, {"num-examples": len(local.x), **result},
+                 discriminator=ArrayRecord(discriminator.cpu().state_dict()))
+
+
+def new_local_discriminator(seed: int, image_shape, width: int) -> Discriminator:
+    """D_k as client k initialises it (from its client seed)."""
+    torch.manual_seed(seed)
+    c, h, _ = image_shape
+    return Discriminator(c, h, width)
+
+
+FEDGO = StrategySpec("fedgo", FedGO, {**ENSEMBLE_CLIENT, TRAIN_DISCRIMINATOR: discriminator_update},
+                     reads=(*READS, "weighting", "generator", "pre-fl"),
+                     marks=(("weighting", "odds", "{}"), ("odds-beta", 1.0, "beta={:g}"),
+                            ("discriminator-negatives", "generator", "D vs {}"),
+                            ("discriminator-calibration", "none", "{}"),
+                            ("discriminator-screen", "none", "{} screen"), *MARKS))

@@ -1,0 +1,52 @@
+"""What a client of each method does, over the user's own model and data: plain functions a
+ClientApp handler calls, and `register`, which adds them to a user's `ClientApp` at once.
+
+A FedDF client trains as FedAvg's does (Flower's own `train` handler). FedGO's server sends
+message type `train.discriminator` once (Algorithm 3); DaFKD's sends `train.dafkd` instead of
+`train` every round. docs/protocol.md lists every message and record key."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from flwr.app import Context, Message
+from flwr.clientapp import ClientApp
+from torch import nn
+
+from fedgo_flwr.strategies.dafkd import TRAIN_DAFKD, domain_aware_update
+from fedgo_flwr.strategies.fedgo import TRAIN_DISCRIMINATOR, discriminator_update
+
+__all__ = ["discriminator_update", "domain_aware_update", "register"]
+
+
+def register(app: ClientApp, *, model_fn: Callable[[], nn.Module],
+             data_fn: Callable[[Context], object],
+             device: str | torch.device | None = None) -> None:
+    """Add the handlers of FedGO's and DaFKD's own messages to `app`, beside its train and
+    evaluate handlers.
+
+    Parameters
+    ----------
+    app : ClientApp
+        The user's ClientApp.
+    model_fn : Callable[[], nn.Module]
+        Builds the user's model (DaFKD's clients train it with the received weights).
+    data_fn : Callable[[Context], data]
+        The node's labelled training data: (images, labels) tensors, a torch Dataset or a
+        DataLoader (fedgo_flwr.inputs).
+    device : str | torch.device | None (default: None)
+        Where clients train: None picks CUDA when visible, else the CPU.
+    """
+    def where() -> torch.device:
+        return torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+    def discriminator(message: Message, context: Context) -> Message:
+        return discriminator_update(message, data_fn(context), device=where())
+
+    def dafkd(message: Message, context: Context) -> Message:
+        return domain_aware_update(message, model_fn(), data_fn(context), device=where())
+
+    for message_type, handler in ((TRAIN_DISCRIMINATOR, discriminator),
+                                  (TRAIN_DAFKD, dafkd)):
+        app.train(message_type.partition(".")[2])(handler)
