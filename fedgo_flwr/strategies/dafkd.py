@@ -114,10 +114,15 @@ class DaFKD(EnsembleDistillation):
     model_fn : Callable[[], nn.Module]
         The global model; it must have `features(x) -> z`, `head(z) -> logits` and
         `latent_dim` (D_k is a head on z).
-    image_shape : tuple[int, int, int]
-        (C, H, W) of the clients' images; G makes 28, 32 or 64-pixel images.
-    distill_size : int (default: 3000)
-        Images drawn from G for each round's distillation.
+    unlabeled_data : Tensor | Dataset | DataLoader | None (default: None)
+        Never distilled on (DaFKD is data-free); when given, it sets `image_shape` and
+        `distill_size`, so that DaFKD takes the arguments the other strategies take and
+        distils on as many images as they do.
+    image_shape : tuple[int, int, int] | None (default: None)
+        (C, H, W) of the clients' images, when `unlabeled_data` is not given; G makes 28,
+        32 or 64-pixel images.
+    distill_size : int | None (default: None)
+        Images drawn from G for each round's distillation: |U|, or 3000 without U.
     gan_rounds : int (default: 5)
         Rounds in which the clients also train G (it is sent every round).
     latent_dim, generator_width, gan_lr : (default: 128, 64, 2e-4)
@@ -126,10 +131,17 @@ class DaFKD(EnsembleDistillation):
         As in `EnsembleDistillation`, and Flower's `FedAvg` keywords.
     """
 
-    def __init__(self, *, model_fn, image_shape: tuple[int, int, int],
-                 distill_size: int = 3000, gan_rounds: int = 5, latent_dim: int = 128,
+    def __init__(self, *, model_fn, unlabeled_data=None,
+                 image_shape: tuple[int, int, int] | None = None,
+                 distill_size: int | None = None, gan_rounds: int = 5, latent_dim: int = 128,
                  generator_width: int = 64, gan_lr: float = 2e-4, **kwargs) -> None:
-        super().__init__(model_fn=model_fn, weighting=domain_aware_weights, **kwargs)
+        super().__init__(model_fn=model_fn, unlabeled_data=unlabeled_data,
+                         weighting=domain_aware_weights, **kwargs)
+        if self.u is not None:
+            image_shape, distill_size = tuple(self.u.shape[1:]), distill_size or len(self.u)
+        if image_shape is None:
+            raise ValueError("DaFKD needs image_shape (C, H, W), or unlabeled_data to take it "
+                             "from")
         model = model_fn()
         if why := feature_space_problem(model):
             raise TypeError(f"DaFKD works on the model's latent layer: {why}")
@@ -138,7 +150,7 @@ class DaFKD(EnsembleDistillation):
             torch.manual_seed(self.seed)
             self.generator = Generator(latent_dim, c, h, generator_width)
             self.head = discriminator_head(model.latent_dim)
-        self.distill_size, self.gan_rounds, self.gan_lr = distill_size, gan_rounds, gan_lr
+        self.distill_size, self.gan_rounds, self.gan_lr = distill_size or 3000, gan_rounds, gan_lr
 
     def trains_generator(self, server_round: int) -> bool:
         return server_round <= self.gan_rounds
@@ -164,14 +176,17 @@ class DaFKD(EnsembleDistillation):
         return (HEAD, GENERATOR) if self.trains_generator(server_round) else (HEAD,)
 
     def server_update(self, server_round, averaged, models):
-        """The heads and (in the generator rounds) G averaged by n_k, the round's set drawn
-        from the global G, then the shared distillation."""
+        """The heads and (in the generator rounds) G averaged by n_k, then the shared
+        distillation on images of the new global G."""
         self.head.load_state_dict(self.average(models, HEAD))
         if self.trains_generator(server_round):
             self.generator.load_state_dict(self.average(models, GENERATOR))
-        self.u = draw_images(self.generator, self.distill_size,
-                             round_seed(self.seed, server_round), self.device)
         return super().server_update(server_round, averaged, models)
+
+    def distillation_set(self, server_round: int) -> torch.Tensor:
+        """The round's |U| images of the global G (seeded by the round)."""
+        return draw_images(self.generator, self.distill_size,
+                           round_seed(self.seed, server_round), self.device)
 
     def average(self, models: list[ClientModel], key: str) -> dict[str, torch.Tensor]:
         parts = [RecordDict({key: m.extras[key], "metrics": MetricRecord(

@@ -190,6 +190,10 @@ class FedGO(EnsembleDistillation):
     def teachers(self, models: list[ClientModel]) -> list[ClientModel]:
         return [m for m in models if m.node_id in self.log_odds]
 
+    def server_update(self, server_round, averaged, models):
+        arrays, info = super().server_update(server_round, averaged, models)
+        return arrays, {**info, "discriminators": len(self.log_odds)}
+
     def scores(self, teachers, nets, u, samples, view):
         logits, _ = super().scores(teachers, nets, u, samples, view)
         return logits, torch.stack([self.log_odds[m.node_id][view, samples] for m in teachers])

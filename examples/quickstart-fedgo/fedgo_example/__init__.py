@@ -1,0 +1,1 @@
+"""quickstart-fedgo: FedGO on Fashion-MNIST with Flower and PyTorch."""

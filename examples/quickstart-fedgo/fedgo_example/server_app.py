@@ -1,0 +1,52 @@
+"""The ServerApp: Flower's PyTorch quickstart with FedGO in place of FedAvg. To compare
+methods, change the import below to FedDF or DaFKD: nothing else changes."""
+
+import json
+from pathlib import Path
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
+from flwr.serverapp import Grid, ServerApp
+
+from fedgo_example.task import Net, server_data, test
+from fedgo_flwr import FedGO as Strategy
+
+app = ServerApp()
+
+
+def own_settings(run_config, strategy) -> dict:
+    """The run-config table of this strategy ([tool.flwr.app.config.fedgo]) as keywords."""
+    prefix = strategy.__name__.lower() + "."
+    return {k[len(prefix):].replace("-", "_"): v for k, v in run_config.items()
+            if k.startswith(prefix)}
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    cfg = context.run_config
+    u, (test_x, test_y) = server_data(cfg)
+    strategy = Strategy(unlabeled_data=u, model_fn=Net, fraction_train=cfg["fraction-train"],
+                        fraction_evaluate=cfg["fraction-evaluate"],
+                        distill_epochs=cfg["distill-epochs"],
+                        distill_batch_size=cfg["distill-batch-size"],
+                        **own_settings(cfg, Strategy))
+
+    def central_evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
+        model = Net()
+        model.load_state_dict(arrays.to_torch_state_dict())
+        acc, loss = test(model, test_x, test_y, torch.device("cpu"))
+        return MetricRecord({"accuracy": acc, "loss": loss})
+
+    result = strategy.start(grid=grid, initial_arrays=ArrayRecord(Net().state_dict()),
+                            train_config=ConfigRecord({"lr": cfg["lr"]}),
+                            num_rounds=cfg["num-server-rounds"], evaluate_fn=central_evaluate)
+
+    out = Path(cfg["output-dir"] or ".")
+    out.mkdir(parents=True, exist_ok=True)
+    torch.save(result.arrays.to_torch_state_dict(), out / "final_model.pt")
+    (out / "result.json").write_text(json.dumps({
+        "strategy": Strategy.__name__,
+        "train": {t: dict(m) for t, m in result.train_metrics_clientapp.items()},
+        "evaluate_clientapp": {t: dict(m) for t, m in result.evaluate_metrics_clientapp.items()},
+        "evaluate_serverapp": {t: dict(m) for t, m in result.evaluate_metrics_serverapp.items()},
+    }, indent=1))

@@ -1,0 +1,107 @@
+"""The example app as a Flower user runs it: copied out of the repository, with the wheel
+built from this repository installed into an environment of its own (nothing else of the
+repository on its path), through a real `flwr run` in simulation. The same test swaps
+FedGO for FedDF and DaFKD by the one line the example says to change."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, write_tiny_fmnist
+from test_flwr_run import _free_port, _status, _superlink_pids
+
+pytestmark = pytest.mark.e2e
+
+EXAMPLE = REPO / "examples" / "quickstart-fedgo"
+THE_LINE = "from fedgo_flwr import FedGO as Strategy\n"
+NODES = 3
+
+
+@pytest.fixture(scope="module")
+def user_env(tmp_path_factory) -> Path:
+    """The bin folder of a virtual environment holding the wheel of this repository and,
+    through a path entry, the dependencies installed here (not the repository itself)."""
+    root = tmp_path_factory.mktemp("user-env")
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w",
+                            str(root / "wheels"), str(REPO)], capture_output=True, text=True,
+                           timeout=300)
+    assert built.returncode == 0, built.stderr[-2000:]
+    (wheel,) = (root / "wheels").glob("fedgo_flwr-*.whl")
+    venv = root / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    # A plain path entry: the .pth files there (the editable install of this checkout) do
+    # not run, so the repository stays off the path.
+    (site / "dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    installed = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q",
+                                "--target", str(site), str(wheel)], capture_output=True,
+                               text=True, timeout=300)
+    assert installed.returncode == 0, installed.stderr[-2000:]
+    python = venv / "bin" / "python"
+    for script in Path(sys.executable).parent.glob("fl*"):  # flwr, flower-superlink, ...
+        lines = script.read_text().splitlines(keepends=True)
+        (venv / "bin" / script.name).write_text(f"#!{python}\n" + "".join(lines[1:]))
+        (venv / "bin" / script.name).chmod(0o755)
+    where = subprocess.run([str(python), "-c", "import fedgo_flwr, importlib.util as u; "
+                            "print(fedgo_flwr.__file__, u.find_spec('fedgo_app'))"],
+                           capture_output=True, text=True, cwd=root, timeout=120)
+    assert where.stdout.split() == [str(site / "fedgo_flwr" / "__init__.py"), "None"], where
+    return venv / "bin"
+
+
+@pytest.fixture(scope="module")
+def superlink_env(user_env, tmp_path_factory):
+    """A private local SuperLink's environment (own FLWR_HOME and ports), stopped after."""
+    home = tmp_path_factory.mktemp("flwr-home")
+    env = {**os.environ, "FLWR_HOME": str(home),
+           "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(_free_port()),
+           "FLWR_LOCAL_CONTROL_API_PORT": str(_free_port()),
+           "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+           "PATH": f"{user_env}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env.pop("PYTHONPATH", None)
+    yield env
+    for pid in _superlink_pids(home):
+        os.kill(pid, signal.SIGTERM)
+
+
+@pytest.mark.parametrize("strategy", ["FedGO", "FedDF", "DaFKD"])
+def test_the_example_runs_from_the_wheel_with_a_real_flwr_run(strategy, user_env,
+                                                               superlink_env, tmp_path):
+    app = tmp_path / "quickstart-fedgo"
+    shutil.copytree(EXAMPLE, app, ignore=shutil.ignore_patterns("__pycache__"))
+    server = app / "fedgo_example" / "server_app.py"
+    source = server.read_text()
+    assert source.count(THE_LINE) == 1
+    server.write_text(source.replace(THE_LINE, THE_LINE.replace("FedGO", strategy)))
+    data, out = tmp_path / "data", tmp_path / "out"
+    write_tiny_fmnist(data / "FashionMNIST" / "raw", n_train=600, n_test=100)
+    overrides = (f"data-dir='{data}' output-dir='{out}' num-server-rounds=2 server-size=150 "
+                 "fraction-train=1.0 fraction-evaluate=1.0 fedgo.generator-steps=3 "
+                 "fedgo.discriminator-epochs=1 fedgo.generator-width=8 "
+                 "fedgo.discriminator-width=8 dafkd.gan-rounds=1 dafkd.generator-width=8")
+    run = subprocess.run(
+        [str(user_env / "flwr"), "run", str(app), "--stream", "--federation-config",
+         f"num-supernodes={NODES} client-resources-num-cpus=1", "-c", overrides],
+        cwd=tmp_path, env=superlink_env, capture_output=True, text=True, timeout=600)
+    log = run.stdout + run.stderr
+    assert run.returncode == 0, log[-3000:]
+    assert _status(superlink_env, tmp_path, log) == "finished:completed", log[-3000:]
+    result = json.loads((out / "result.json").read_text())
+    assert result["strategy"] == strategy
+    assert sorted(result["train"]) == ["1", "2"]
+    for metrics in result["train"].values():
+        # the clients' loss: the example's train handler's, or DaFKD's own client step's
+        assert metrics["distill-teachers"] == NODES and {"train_loss", "train-loss"} & set(metrics)
+        if strategy == "FedGO":  # the pre-FL stage's discriminator from every node
+            assert metrics["discriminators"] == NODES
+    evaluations = result["evaluate_serverapp"]
+    assert sorted(evaluations) == ["0", "1", "2"]
+    assert evaluations["2"]["loss"] != evaluations["0"]["loss"]  # the model moved
+    assert (out / "final_model.pt").is_file()
