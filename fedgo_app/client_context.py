@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
@@ -19,13 +19,14 @@ from fedgo_flwr.models import create_classifier
 from fedgo_flwr.seeds import client_seed
 from fedgo_flwr.train import resolve_device
 
-if TYPE_CHECKING:
-    from fedgo_app.config import Config
+# The run's fedgo_app.config.Config, not imported: the config imports the registries, which
+# import this module (no import circle, not even one for annotations).
+Config = Any
 
 
 @dataclass
 class Local:
-    cfg: "Config"
+    cfg: Config
     partition_id: int
     num_partitions: int
     x: torch.Tensor  # uint8 images of S_k
@@ -41,7 +42,7 @@ class Local:
     state: RecordDict = field(default_factory=RecordDict)
 
     @classmethod
-    def of(cls, context: Context, cfg: "Config") -> "Local":
+    def of(cls, context: Context, cfg: Config) -> "Local":
         """This node's view of the run `cfg` (built from `context.run_config`): its partition
         of the run's dataset, or, with `--node-config dataset-path=...`, its own folder."""
         try:

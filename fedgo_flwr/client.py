@@ -1,7 +1,8 @@
 """What a client of each method does, over the user's own model and data: plain functions a
 ClientApp handler calls, and `register`, which adds them to a user's `ClientApp` at once.
 
-A FedDF client trains as FedAvg's does (Flower's own `train` handler). FedGO's server sends
+A FedDF client trains as FedAvg's does (Flower's own `train` handler); a client of Flower's own
+`FedProx` adds `proximal_term` to its loss. FedGO's server sends
 message type `train.discriminator` once (Algorithm 3); DaFKD's sends `train.dafkd` instead of
 `train` every round. docs/protocol.md lists every message and record key."""
 
@@ -17,7 +18,14 @@ from torch import nn
 from fedgo_flwr.strategies.dafkd import TRAIN_DAFKD, domain_aware_update
 from fedgo_flwr.strategies.fedgo import TRAIN_DISCRIMINATOR, discriminator_update
 
-__all__ = ["discriminator_update", "domain_aware_update", "register"]
+__all__ = ["discriminator_update", "domain_aware_update", "proximal_term", "register"]
+
+
+def proximal_term(model: nn.Module, anchor: list[torch.Tensor], mu: float) -> torch.Tensor:
+    """FedProx's (mu / 2) sum over parameters of ||w - w^t||^2, to add to a client's loss;
+    `anchor` holds the received global parameters w^t (detached), `mu` the value Flower's
+    `FedProx` sends as "proximal-mu" in the train config. Its gradient is mu (w - w^t)."""
+    return 0.5 * mu * sum(((w - a) ** 2).sum() for w, a in zip(model.parameters(), anchor))
 
 
 def register(app: ClientApp, *, model_fn: Callable[[], nn.Module],

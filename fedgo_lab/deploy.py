@@ -2,12 +2,12 @@
 as separate processes, with TLS (a CA and a server certificate made here) and SuperNode
 authentication (one EC key pair per node, each public key registered with the SuperLink).
 
-    fedgo-deploy up DIR [--nodes 3] [--port 9300] [--insecure] [--no-auth]
+    python -m fedgo_lab.deploy up DIR [--nodes 3] [--port 9300] [--insecure] [--no-auth]
                         [--node-data FOLDER ...]
     flwr run . local-deployment --stream           # FLWR_HOME=DIR/flwr-home, printed by `up`
-    fedgo-deploy down DIR
+    python -m fedgo_lab.deploy down DIR
 
-(`fedgo-deploy` is `python -m fedgo_lab.deploy`, installed as a command with the project.)
+(The harness is not in the wheel: no console command.)
 
 `up` writes everything under DIR (certificates/, keys/, logs/, state.db, flwr-home/ with the
 `[superlink.local-deployment]` connection, pids.json) and returns once every SuperNode is
@@ -231,7 +231,8 @@ def _alive(pid: int) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="fedgo-deploy", description=__doc__.split("\n\n")[0],
+    parser = argparse.ArgumentParser(prog="python -m fedgo_lab.deploy",
+                                     description=__doc__.split("\n\n")[0],
                                      epilog="Then: flwr run . local-deployment --stream, with "
                                             "the FLWR_HOME `up` prints. On real hosts: "
                                             "docs/deployment.md.")
@@ -262,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[deploy] SuperLink {info['address']} (PID {info['pids']['superlink']}), "
           f"SuperNodes {info['pids']['supernodes']}; now run:\n"
           f"  FLWR_HOME={info['env']['FLWR_HOME']} flwr run . {FEDERATION} --stream\n"
-          f"  fedgo-deploy down {args.dir}")
+          f"  python -m fedgo_lab.deploy down {args.dir}")
     return 0
 
 

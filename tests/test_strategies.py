@@ -17,7 +17,7 @@ from fedgo_flwr.models import CNN
 from fedgo_app.server.clients import config_record
 from fedgo_app.strategies import STRATEGIES, FedAvgStrategy, StrategySpec
 from fedgo_app.strategies.base import CLIENT
-from fedgo_app.strategies.fedprox import proximal_term
+from fedgo_flwr.client import proximal_term
 from fedgo_lab.inprocess import InProcessGrid
 from server_app.app import run
 

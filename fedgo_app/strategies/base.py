@@ -15,7 +15,7 @@ import math
 import time
 from dataclasses import dataclass, field, replace
 from logging import INFO, WARNING
-from typing import TYPE_CHECKING, Callable, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
@@ -42,8 +42,8 @@ from fedgo_app.strategies.registry import StrategySpec
 from fedgo_flwr.teachers import server_autocast
 from fedgo_flwr.train import evaluate, train_classifier
 
-if TYPE_CHECKING:
-    from fedgo_app.config import Config
+# The run's fedgo_app.config.Config, not imported: the config imports this module.
+Config = Any
 
 
 # How long a round's start waits for absent or newly connected nodes to answer a query.

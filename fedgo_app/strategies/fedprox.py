@@ -11,14 +11,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 from flwr.app import ConfigRecord, Message
-from torch import nn
 
 from fedgo_app.client_context import Local, config_of
 from fedgo_flwr.keys import POSITIVE, choice, key
 from fedgo_app.strategies.base import CLIENT, local_update
 from fedgo_app.strategies.registry import StrategySpec
+from fedgo_flwr.client import proximal_term
 
 
 @dataclass(frozen=True)
@@ -35,11 +34,6 @@ class FedProxKeys:
         # whose clients train as FedAvg's do (not with FedGen's own local objective).
         choice("fedprox-base", self.base, [name for name, spec in strategies.items()
                                            if spec.handlers.get("train") is CLIENT["train"]])
-
-
-def proximal_term(model: nn.Module, anchor: list[torch.Tensor], mu: float) -> torch.Tensor:
-    """(mu / 2) sum over parameters of ||w - w^t||^2; its gradient is mu (w - w^t)."""
-    return 0.5 * mu * sum(((w - a) ** 2).sum() for w, a in zip(model.parameters(), anchor))
 
 
 # ---------------------------------------------------------------------------- server side

@@ -55,8 +55,9 @@ def state_problem(arrays: ArrayRecord | None, template: dict[str, torch.Tensor])
         return "no ArrayRecord"
     state = arrays.to_torch_state_dict()
     if set(state) != set(template):
-        return (f"array names differ from the model's (missing {sorted(set(template) - set(state))[:3]}"
-                f", unexpected {sorted(set(state) - set(template))[:3]})")
+        missing, unexpected = sorted(set(template) - set(state)), sorted(set(state) - set(template))
+        return (f"array names differ from the model's (missing {missing[:3]}, unexpected "
+                f"{unexpected[:3]})")
     for name, t in template.items():
         if state[name].shape != t.shape:
             return f"{name} has shape {tuple(state[name].shape)}, expected {tuple(t.shape)}"
