@@ -64,8 +64,7 @@ def train_domain_aware(model: nn.Module, head: nn.Module, generator: Generator,
     generator.to(device).train(train_generator)
     opt = classifier_optimizer([*model.parameters(), *head.parameters()], lr, optimizer,
                                momentum)
-    opt_g = torch.optim.Adam(generator.parameters(), lr=gan_lr, betas=(0.5, 0.999))
-    ones = lambda n: torch.ones(n, device=device)  # noqa: E731
+    generator_step = generator_trainer(model, head, generator, gan_lr)
     g_losses = []
 
     def batch_loss(idx: torch.Tensor) -> torch.Tensor:
@@ -74,20 +73,14 @@ def train_domain_aware(model: nn.Module, head: nn.Module, generator: Generator,
         # partition of n_k = 1 mod batch-size ends with.
         z = torch.randn(max(len(idx), 2), generator.latent_dim, generator=gen).to(device)
         if train_generator:  # G's step against the current D (which the step below then updates)
-            fake = generator(z)
-            g_loss = F.binary_cross_entropy_with_logits(head(model.features(fake)).squeeze(1),
-                                                        ones(len(z)))
-            opt_g.zero_grad(set_to_none=True)
-            g_loss.backward(inputs=list(generator.parameters()))
-            opt_g.step()
-            g_losses.append(g_loss.item())
+            g_losses.append(generator_step(z))
         with torch.no_grad():
             fake = generator(z)
         features = model.features(xb)
         d_real = head(features).squeeze(1)
         d_fake = head(model.features(fake)).squeeze(1)
         return (F.cross_entropy(model.head(features), y[idx].to(device))
-                + F.binary_cross_entropy_with_logits(d_real, ones(len(idx)))
+                + F.binary_cross_entropy_with_logits(d_real, torch.ones_like(d_real))
                 + F.binary_cross_entropy_with_logits(d_fake, torch.zeros_like(d_fake)))
 
     loss = minibatch_descent(opt, len(y), epochs=epochs, batch_size=batch_size, gen=gen,
@@ -97,6 +90,21 @@ def train_domain_aware(model: nn.Module, head: nn.Module, generator: Generator,
         out["generator-loss"] = sum(g_losses) / len(g_losses)
     return out
 
+
+def generator_trainer(model: nn.Module, head: nn.Module, generator: Generator, lr: float):
+    """One Adam step (betas 0.5, 0.999) of G on BCE(D(G(z)), 1) against the current D, as a
+    function of the latents z returning the loss."""
+    opt = torch.optim.Adam(generator.parameters(), lr=lr, betas=(0.5, 0.999))
+
+    def step(z: torch.Tensor) -> float:
+        logits = head(model.features(generator(z))).squeeze(1)
+        loss = F.binary_cross_entropy_with_logits(logits, torch.ones_like(logits))
+        opt.zero_grad(set_to_none=True)
+        loss.backward(inputs=list(generator.parameters()))
+        opt.step()
+        return loss.item()
+
+    return step
 
 
 def both_heads(net: nn.Module, head: nn.Module, x: torch.Tensor) -> torch.Tensor:
