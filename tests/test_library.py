@@ -202,6 +202,20 @@ def test_malformed_replies_are_left_out_with_a_reason(caplog):
     assert result.train_metrics_clientapp[1]["distill-teachers"] == NODES - 1
 
 
+def test_a_robust_aggregate_fn_replaces_the_mean_before_distillation():
+    chosen = []
+
+    def first_model(contents, weighted_by_key):  # a stand-in for a robust rule
+        chosen.append(contents[0]["arrays"].to_torch_state_dict())
+        return contents[0]["arrays"]
+
+    strategy = FedDF(unlabeled_data=U, model_fn=UserNet, aggregate_fn=first_model,
+                     **{**SMALL, "distill_epochs": 0})  # no distillation: the aggregate stays
+    _, result = run(strategy, rounds=1)
+    kept = result.arrays.to_torch_state_dict()
+    assert len(chosen) == 1 and all(torch.equal(kept[k], v) for k, v in chosen[0].items())
+
+
 def test_bad_arguments_fail_at_construction_naming_the_argument():
     with pytest.raises(ValueError, match="distill_schedule is 'linear'; allowed: cosine"):
         FedDF(unlabeled_data=U, model_fn=UserNet, distill_schedule="linear")

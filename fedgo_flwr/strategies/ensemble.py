@@ -105,6 +105,10 @@ class EnsembleDistillation(FedAvg):
         Seeds the distillation batches of each round.
     device : str | torch.device | None (default: None)
         Where the server distils: None picks CUDA when visible, else the CPU.
+    aggregate_fn : Callable[[list[RecordDict], str], ArrayRecord] | None (default: None)
+        How the round's client models are combined before distillation, given the usable
+        replies' contents and `weighted_by_key`: None is FedAvg's n_k-weighted mean
+        (Flower's `aggregate_arrayrecords`); a robust rule of your own goes here.
     **kwargs
         Every keyword Flower's `FedAvg` takes (fraction_train, min_available_nodes, ...).
     """
@@ -114,7 +118,9 @@ class EnsembleDistillation(FedAvg):
                  distill_lr: float = 1e-3, distill_optimizer: str = "adam",
                  distill_momentum: float = 0.9, distill_schedule: str = "cosine",
                  ensemble_space: str = "logits", flip_views: bool = True, seed: int = 0,
-                 device: str | torch.device | None = None, **kwargs) -> None:
+                 device: str | torch.device | None = None,
+                 aggregate_fn: Callable[[list[RecordDict], str], ArrayRecord] | None = None,
+                 **kwargs) -> None:
         super().__init__(**kwargs)
         for name, value, allowed in (("distill_optimizer", distill_optimizer, OPTIMIZERS),
                                      ("distill_schedule", distill_schedule, SCHEDULES),
@@ -134,6 +140,7 @@ class EnsembleDistillation(FedAvg):
         self.device = resolve_device(str(device)) if device is not None else resolve_device()
         self.num_rounds = 1  # set by start(): the cosine schedule's T
         self.template = model_fn().state_dict()
+        self.aggregate_fn = aggregate_fn or aggregate_arrayrecords
 
     def summary(self) -> None:
         super().summary()
@@ -205,7 +212,7 @@ class EnsembleDistillation(FedAvg):
         if not models:
             return None, None
         contents = [m.content for m in models]
-        averaged = aggregate_arrayrecords(contents, self.weighted_by_key)
+        averaged = self.aggregate_fn(contents, self.weighted_by_key)
         metrics = self.train_metrics_aggr_fn(contents, self.weighted_by_key)
         arrays, info = self.server_update(server_round, averaged, models)
         for key, value in info.items():
