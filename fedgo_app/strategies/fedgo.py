@@ -18,12 +18,11 @@ from flwr.app import ArrayRecord, Message, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
-from fedgo_app.client_context import Local, config_of, reply
+from fedgo_app.client_context import Local, config_of
 from fedgo_flwr.defences import screen_odds
 from fedgo_flwr.diagnostics import phi_stats
-from fedgo_flwr.gan import (calibrate_discriminator, generator_negatives, hold_out,
-                            image_negatives, log_odds, train_discriminator)
-from fedgo_flwr.models import Discriminator, Generator, generator_fits
+from fedgo_flwr.gan import log_odds
+from fedgo_flwr.models import Discriminator, generator_fits
 from fedgo_flwr.seeds import client_seed
 from fedgo_app.server.clients import config_record
 from fedgo_app.server.record import RunRecord
@@ -31,10 +30,10 @@ from fedgo_app.server.replies import payload_bytes
 from fedgo_app.strategies.base import ClientModel, ServerSetup
 from fedgo_app.strategies.ensemble import ENSEMBLE_CLIENT, MARKS, READS, EnsembleDistillation
 from fedgo_app.strategies.registry import StrategySpec
+from fedgo_flwr.strategies.fedgo import SERVER_SAMPLE, TRAIN_DISCRIMINATOR
+from fedgo_flwr.strategies.fedgo import discriminator_update as discriminator_update_on
 from fedgo_flwr.weighting import NEEDS_LABEL_COUNTS, WeightRule, weighting_rule
 
-TRAIN_DISCRIMINATOR = "train.discriminator"
-SERVER_SAMPLE = "server-sample"  # the ArrayRecord of U's images sent instead of G
 Calibration = tuple[float, float]  # Platt's (a, b): log Phi_k = a * logit + b
 
 
@@ -250,40 +249,9 @@ def calibration_of(metrics) -> Calibration:
 
 
 def discriminator_update(message: Message, local: Local) -> Message:
-    """Algorithm 3: D_k trained to tell S_k from samples of the server's generator G (or from
-    the server's sample of U); with a calibration fraction, that share of S_k is held out of
-    training and D_k's Platt calibration (a, b) fitted on it is sent as odds-scale/odds-shift."""
-    conf = config_of(message)
-    c, h, _ = local.image_shape
-    flip = bool(conf["flip"])
-    records = message.content.array_records
-    if SERVER_SAMPLE in records:
-        images = records[SERVER_SAMPLE].to_torch_state_dict()["images"]
-        if tuple(images.shape[1:]) != local.image_shape:
-            raise ValueError(f"the server's sample has images of shape {tuple(images.shape[1:])}"
-                             f", this client's are {local.image_shape}")
-        negatives = image_negatives(images, flip=flip)
-    else:
-        generator = Generator(int(conf["latent-dim"]), c, h, int(conf["generator-width"]))
-        generator.load_state_dict(records["generator"].to_torch_state_dict())
-        negatives = generator_negatives(generator.to(local.device))
-    seed = client_seed(int(conf["seed"]), local.partition_id)
-    x, held_out = hold_out(local.x, float(conf["calibration-fraction"]), seed)
-    discriminator = new_local_discriminator(seed, local.image_shape,
-                                            int(conf["discriminator-width"]))
-    start = time.perf_counter()
-    result = train_discriminator(discriminator, negatives, x,
-                                 epochs=int(conf["discriminator-epochs"]),
-                                 lr=float(conf["discriminator-lr"]),
-                                 batch_size=int(conf["batch-size"]), flip=flip,
-                                 seed=seed, device=local.device)
-    if len(held_out):
-        a, b = calibrate_discriminator(discriminator, negatives, held_out, seed=seed + 1,
-                                       device=local.device)
-        result.update({"odds-scale": a, "odds-shift": b})
-    result["discriminator-seconds"] = time.perf_counter() - start  # calibration included
-    return reply(message, {"num-examples": len(local.x), **result},
-                 discriminator=ArrayRecord(discriminator.cpu().state_dict()))
+    """Algorithm 3 on S_k (fedgo_flwr's client step), seeded by the partition id."""
+    seed = client_seed(int(config_of(message)["seed"]), local.partition_id)
+    return discriminator_update_on(message, local.x, device=local.device, seed=seed)
 
 
 def new_local_discriminator(seed: int, image_shape, width: int) -> Discriminator:

@@ -21,8 +21,8 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
-from fedgo_flwr.gan import (calibrate_discriminator, generator_negatives, hold_out, log_odds,
-                            train_discriminator, train_wgan_gp)
+from fedgo_flwr.gan import (Negatives, calibrate_discriminator, generator_negatives, hold_out,
+                            image_negatives, log_odds, train_discriminator, train_wgan_gp)
 from fedgo_flwr.inputs import images_of
 from fedgo_flwr.models import Critic, Discriminator, Generator
 from fedgo_flwr.seeds import client_seed
@@ -31,6 +31,7 @@ from fedgo_flwr.strategies.ensemble import (ClientModel, EnsembleDistillation,
 from fedgo_flwr.weighting import WEIGHTINGS
 
 TRAIN_DISCRIMINATOR = "train.discriminator"  # the pre-FL stage's message type
+SERVER_SAMPLE = "server-sample"  # an ArrayRecord of the server's images, sent instead of G
 POLL_SECONDS = 0.5
 
 
@@ -200,22 +201,23 @@ class FedGO(EnsembleDistillation):
 
 
 # ---------------------------------------------------------------------------- client side
-def discriminator_update(message: Message, data, *, device: str | torch.device = "cpu"
-                         ) -> Message:
+def discriminator_update(message: Message, data, *, device: str | torch.device = "cpu",
+                         seed: int | None = None) -> Message:
     """Algorithm 3 on a client: D_k trained to tell its images (`data`: a tensor, Dataset or
-    DataLoader, see fedgo_flwr.inputs) from samples of the received G. The reply holds
-    ArrayRecord "discriminator" and MetricRecord "metrics" (num-examples, discriminator-loss,
-    discriminator-seconds, and with calibration odds-scale and odds-shift)."""
+    DataLoader, see fedgo_flwr.inputs) from samples of the received G (or, where the message
+    carries ArrayRecord "server-sample" instead, from those images of the server: not in the
+    paper). `seed` seeds D_k and its batches (default: the message's seed and this node's id).
+    The reply holds ArrayRecord "discriminator" and MetricRecord "metrics" (num-examples,
+    discriminator-loss, discriminator-seconds, and with calibration odds-scale and
+    odds-shift)."""
     conf, device = message.content.config_records["config"], torch.device(device)
     x = images_of(data)
-    c, h = x.shape[1], x.shape[2]
-    generator = Generator(int(conf["latent-dim"]), c, h, int(conf["generator-width"]))
-    generator.load_state_dict(message.content.array_records["generator"].to_torch_state_dict())
-    negatives = generator_negatives(generator.to(device))
-    seed = client_seed(int(conf["seed"]), message.metadata.dst_node_id % 100_000)
+    negatives = received_negatives(message, tuple(x.shape[1:]), bool(conf["flip"]), device)
+    if seed is None:
+        seed = client_seed(int(conf["seed"]), message.metadata.dst_node_id % 100_000)
     train, held_out = hold_out(x, float(conf["calibration-fraction"]), seed)
     torch.manual_seed(seed)
-    discriminator = Discriminator(c, h, int(conf["discriminator-width"]))
+    discriminator = Discriminator(x.shape[1], x.shape[2], int(conf["discriminator-width"]))
     start = time.perf_counter()
     result = train_discriminator(discriminator, negatives, train,
                                  epochs=int(conf["discriminator-epochs"]),
@@ -226,7 +228,23 @@ def discriminator_update(message: Message, data, *, device: str | torch.device =
         a, b = calibrate_discriminator(discriminator, negatives, held_out, seed=seed + 1,
                                        device=device)
         result.update({"odds-scale": a, "odds-shift": b})
-    result["discriminator-seconds"] = time.perf_counter() - start
+    result["discriminator-seconds"] = time.perf_counter() - start  # calibration included
     return Message(RecordDict({
         "discriminator": ArrayRecord(discriminator.cpu().state_dict()),
         "metrics": MetricRecord({"num-examples": len(x), **result})}), reply_to=message)
+
+
+def received_negatives(message: Message, image_shape: tuple[int, ...], flip: bool,
+                       device: torch.device) -> Negatives:
+    """What D_k learns against: samples of the received G, or the server's sample of U."""
+    conf, records = message.content.config_records["config"], message.content.array_records
+    if SERVER_SAMPLE in records:
+        images = records[SERVER_SAMPLE].to_torch_state_dict()["images"]
+        if tuple(images.shape[1:]) != image_shape:
+            raise ValueError(f"the server's sample has images of shape {tuple(images.shape[1:])}"
+                             f", this client's are {image_shape}")
+        return image_negatives(images, flip=flip)
+    c, h = image_shape[0], image_shape[1]
+    generator = Generator(int(conf["latent-dim"]), c, h, int(conf["generator-width"]))
+    generator.load_state_dict(records["generator"].to_torch_state_dict())
+    return generator_negatives(generator.to(device))
