@@ -4,7 +4,9 @@ ClientApp handler calls, and `register`, which adds them to a user's `ClientApp`
 A FedDF client trains as FedAvg's does (Flower's own `train` handler); a client of Flower's own
 `FedProx` adds `proximal_term` to its loss. FedGO's server sends
 message type `train.discriminator` once (Algorithm 3); DaFKD's sends `train.dafkd` instead of
-`train` every round. docs/protocol.md lists every message and record key."""
+`train` every round, FedGen's `train.fedgen`, FedBPG's `train.fedbpg` and, for its clients'
+personal models, `evaluate.fedbpg` instead of `evaluate`. docs/protocol.md lists every message
+and record key."""
 
 from __future__ import annotations
 
@@ -16,9 +18,13 @@ from flwr.clientapp import ClientApp
 from torch import nn
 
 from fedgo_flwr.strategies.dafkd import TRAIN_DAFKD, domain_aware_update
+from fedgo_flwr.strategies.fedbpg import (EVALUATE_FEDBPG, TRAIN_FEDBPG, personalised_evaluate,
+                                          personalised_update)
+from fedgo_flwr.strategies.fedgen import TRAIN_FEDGEN, generated_feature_update
 from fedgo_flwr.strategies.fedgo import TRAIN_DISCRIMINATOR, discriminator_update
 
-__all__ = ["discriminator_update", "domain_aware_update", "proximal_term", "register"]
+__all__ = ["discriminator_update", "domain_aware_update", "generated_feature_update",
+           "personalised_evaluate", "personalised_update", "proximal_term", "register"]
 
 
 def proximal_term(model: nn.Module, anchor: list[torch.Tensor], mu: float) -> torch.Tensor:
@@ -30,21 +36,26 @@ def proximal_term(model: nn.Module, anchor: list[torch.Tensor], mu: float) -> to
 
 def register(app: ClientApp, *, model_fn: Callable[[], nn.Module],
              data_fn: Callable[[Context], object],
-             device: str | torch.device | None = None) -> None:
-    """Add the handlers of FedGO's and DaFKD's own messages to `app`, beside its train and
-    evaluate handlers.
+             device: str | torch.device | None = None,
+             test_data_fn: Callable[[Context], object] | None = None) -> None:
+    """Add the handlers of FedGO's, DaFKD's, FedGen's and FedBPG's own messages to `app`,
+    beside its train and evaluate handlers.
 
     Parameters
     ----------
     app : ClientApp
         The user's ClientApp.
     model_fn : Callable[[], nn.Module]
-        Builds the user's model (DaFKD's clients train it with the received weights).
+        Builds the user's model (DaFKD's, FedGen's and FedBPG's clients train it with the
+        received weights).
     data_fn : Callable[[Context], data]
         The node's labelled training data: (images, labels) tensors, a torch Dataset or a
         DataLoader (fedgo_flwr.inputs).
     device : str | torch.device | None (default: None)
         Where clients train: None picks CUDA when visible, else the CPU.
+    test_data_fn : Callable[[Context], data] | None (default: None)
+        The node's labelled test data, on which FedBPG's clients score their personal
+        models; None scores them on the training data.
     """
     def where() -> torch.device:
         return torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -55,6 +66,21 @@ def register(app: ClientApp, *, model_fn: Callable[[], nn.Module],
     def dafkd(message: Message, context: Context) -> Message:
         return domain_aware_update(message, model_fn(), data_fn(context), device=where())
 
+    def fedgen(message: Message, context: Context) -> Message:
+        return generated_feature_update(message, model_fn(), data_fn(context), device=where())
+
+    def fedbpg_train(message: Message, context: Context) -> Message:
+        return personalised_update(message, model_fn(), data_fn(context), context.state,
+                                   device=where())
+
+    def fedbpg_evaluate(message: Message, context: Context) -> Message:
+        test = test_data_fn(context) if test_data_fn is not None else None
+        return personalised_evaluate(message, model_fn(), data_fn(context), context.state,
+                                     test_data=test, device=where())
+
     for message_type, handler in ((TRAIN_DISCRIMINATOR, discriminator),
-                                  (TRAIN_DAFKD, dafkd)):
-        app.train(message_type.partition(".")[2])(handler)
+                                  (TRAIN_DAFKD, dafkd), (TRAIN_FEDGEN, fedgen),
+                                  (TRAIN_FEDBPG, fedbpg_train),
+                                  (EVALUATE_FEDBPG, fedbpg_evaluate)):
+        kind, _, name = message_type.partition(".")
+        getattr(app, kind)(name)(handler)

@@ -1,5 +1,5 @@
 """The app's per-round results before and after its strategies move onto the library
-(issue 45, item 4): seeded in-process runs of FedAvg, FedGO and calibrated FedGO must keep
+(issue 45, item 4): seeded in-process runs of FedAvg, FedGO, calibrated FedGO and DaFKD must keep
 the accuracies and losses recorded in tests/data/before-move.json, made by the app as it
 stood before the move (`python tests/test_move.py --write`), up to float noise."""
 
@@ -20,6 +20,7 @@ RUNS = {
     "fedgo": dict(strategy="fedgo"),
     "fedgo-calibrated": dict(strategy="fedgo", discriminator_calibration="platt",
                              calibration_fraction=0.1, ensemble_space="probabilities"),
+    "dafkd": dict(strategy="dafkd"),
 }
 KEYS = ("server_test_acc", "server_test_loss", "ensemble_test_acc", "ensemble_test_loss")
 

@@ -31,17 +31,6 @@ def count_problem(n) -> str | None:
     return None
 
 
-def label_counts_problem(metrics, num_classes: int) -> str | None:
-    """Why a train reply's `label-counts` (the client's label histogram c_k, which FedGen and
-    FedBPG weight clients by) are unusable: not num_classes non-negative integers summing to
-    the reply's n_k; None when usable."""
-    counts, n = metrics.get("label-counts"), metrics["num-examples"]
-    ok = (isinstance(counts, list) and len(counts) == num_classes
-          and all(isinstance(c, int) and c >= 0 for c in counts) and sum(counts) == n)
-    return None if ok else (f"label-counts {counts!r} are not {num_classes} "
-                            f"non-negative integers summing to n_k = {n}")
-
-
 def scores_problem(reply: Message, names: list[str]) -> str | None:
     """Why a reply to evaluate.candidates cannot be used, or None: metrics with num-examples
     > 0 and, for each candidate name, '<name>-acc' in [0, 1]."""

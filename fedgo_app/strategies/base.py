@@ -36,9 +36,9 @@ from fedgo_app.server.clients import (MIN_CLIENTS, Client, ClientDirectory, clas
                                        sample_partitions)
 from fedgo_app.server.mailbox import Mailbox
 from fedgo_app.server.record import RunRecord, round_line
-from fedgo_app.server.replies import (label_counts_problem, payload_bytes, reply_problem,
-                                       scores_problem)
+from fedgo_app.server.replies import payload_bytes, reply_problem, scores_problem
 from fedgo_app.strategies.registry import StrategySpec
+from fedgo_flwr.strategies.label_counts import label_counts_problem
 from fedgo_flwr.teachers import server_autocast
 from fedgo_flwr.train import evaluate, train_classifier
 

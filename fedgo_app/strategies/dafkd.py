@@ -27,7 +27,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from torch import nn
 
-from fedgo_app.client_context import Local, config_of, reply
+from fedgo_app.client_context import Local, config_of
 from fedgo_flwr.gan import draw_images
 from fedgo_flwr.keys import NON_NEGATIVE, key
 from fedgo_flwr.models import Generator, generator_fits
@@ -36,8 +36,8 @@ from fedgo_app.server.record import RunRecord
 from fedgo_app.strategies.base import CLIENT, ClientModel, ServerSetup, weighted_average
 from fedgo_app.strategies.ensemble import MARKS, READS, EnsembleDistillation
 from fedgo_app.strategies.registry import StrategySpec
-from fedgo_flwr.strategies.dafkd import (GENERATOR, HEAD, both_heads, discriminator_head,
-                                         train_domain_aware)
+from fedgo_flwr.strategies.dafkd import (GENERATOR, HEAD, both_heads, discriminator_head)
+from fedgo_flwr.strategies.dafkd import domain_aware_update as domain_aware_update_on
 from fedgo_flwr.teachers import server_autocast
 from fedgo_flwr.train import apply_in_batches
 from fedgo_flwr.weighting import domain_aware_weights
@@ -140,27 +140,11 @@ class DaFKD(EnsembleDistillation):
 
 # ---------------------------------------------------------------------------- client side
 def domain_aware_update(message: Message, local: Local) -> Message:
-    """The classifier and D_k trained on S_k against the global G (and G against D_k in the
-    generator rounds); replies theta_k, D_k's head, and G_k when it trained G."""
-    conf = config_of(message)
-    model = local.classifier(message)
-    head = discriminator_head(model.latent_dim)
-    head.load_state_dict(message.content.array_records[HEAD].to_torch_state_dict())
-    c, h, _ = local.image_shape
-    generator = Generator(int(conf["latent-dim"]), c, h, int(conf["generator-width"]))
-    generator.load_state_dict(message.content.array_records[GENERATOR].to_torch_state_dict())
-    train_generator = bool(conf["train-generator"])
-    result = train_domain_aware(
-        model, head, generator, local.x, local.y, epochs=int(conf["local-epochs"]),
-        batch_size=int(conf["batch-size"]), lr=float(conf["lr"]), gan_lr=float(conf["gan-lr"]),
-        train_generator=train_generator, flip=bool(conf["flip"]), crop=int(conf["random-crop"]),
-        optimizer=str(conf["optimizer"]), momentum=float(conf["momentum"]),
-        seed=client_seed(int(conf["seed"]), local.partition_id), device=local.device)
-    arrays = {"arrays": ArrayRecord(model.cpu().state_dict()),
-              HEAD: ArrayRecord(head.cpu().state_dict())}
-    if train_generator:
-        arrays[GENERATOR] = ArrayRecord(generator.cpu().state_dict())
-    return reply(message, {"num-examples": len(local.y), **result}, **arrays)
+    """DaFKD's local step (fedgo_flwr's) on S_k with this client's architecture, seeded by the
+    partition id."""
+    seed = client_seed(int(config_of(message)["seed"]), local.partition_id)
+    return domain_aware_update_on(message, local.classifier(message), (local.x, local.y),
+                                  device=local.device, seed=seed)
 
 
 DAFKD = StrategySpec("dafkd", DaFKD, {**CLIENT, "train": domain_aware_update}, keys=DaFKDKeys,

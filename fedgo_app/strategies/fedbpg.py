@@ -36,13 +36,12 @@ from dataclasses import dataclass
 from logging import INFO, WARNING
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message
+from flwr.app import Message
 from flwr.common.logger import log
 from torch import nn
 
 from fedgo_flwr import bpg
 from fedgo_app.client_context import Local, config_of, reply
-from fedgo_flwr.fusion import fuse, learn_fusion
 from fedgo_flwr.keys import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, check, key
 from fedgo_flwr.models import ConditionalGenerator
 from fedgo_flwr.seeds import client_seed, round_seed
@@ -50,8 +49,16 @@ from fedgo_app.server.record import RunRecord
 from fedgo_app.strategies.base import (CLIENT, ClientModel, FedAvgStrategy, ServerSetup,
                                         local_update)
 from fedgo_app.strategies.registry import StrategySpec
+from fedgo_flwr.strategies.fedbpg import (ALPHAS, FUSION_ALPHA, LOCAL_MODEL, adaptive_fusion,
+                                          deep_personalise, fit_generator, keep_personal,
+                                          stored_alphas)
+from fedgo_flwr.strategies.label_counts import LABEL_COUNTS, label_counts, label_prior
 from fedgo_flwr.train import evaluate, train_classifier
 from fedgo_flwr.weighting import label_shares
+
+# ALPHAS and LOCAL_MODEL, the node's state keys, are the library's, named here too.
+__all__ = ["ALPHAS", "FEDBPG", "LOCAL_MODEL", "FedBPG", "FedBPGKeys", "personalised_evaluate",
+           "personalised_update"]
 
 
 @dataclass(frozen=True)
@@ -119,29 +126,26 @@ class FedBPG(FedAvgStrategy):
     def server_update(self, server_round: int, averaged: dict[str, torch.Tensor],
                       models: list[ClientModel]) -> dict[str, torch.Tensor]:
         entry = self.record.round(server_round)
-        alphas = [m.metrics["fusion-alpha"] for m in models
-                  if isinstance(m.metrics.get("fusion-alpha"), float)]
+        alphas = [m.metrics[FUSION_ALPHA] for m in models
+                  if isinstance(m.metrics.get(FUSION_ALPHA), float)]
         if alphas:  # the appendix's Figure 5 follows them over the rounds
             entry["fusion_alpha"] = sum(alphas) / len(alphas)
         keys, device = self.keys, self.setup.device
         if not keys.ensemble_distillation:
             return averaged
-        counts = torch.tensor([m.metrics["label-counts"] for m in models], dtype=torch.float64)
-        shares = label_shares(counts)
-        prior = (counts.sum(0) / counts.sum()).float()
+        counts = torch.tensor([m.metrics[LABEL_COUNTS] for m in models], dtype=torch.float64)
+        shares, prior = label_shares(counts), label_prior(counts)
         clients = [self.setup.new_classifier(state=m.state) for m in models]
         global_model = self.setup.new_classifier(state=averaged)
         rng = torch.Generator().manual_seed(round_seed(self.cfg.seed, server_round))
         start = time.perf_counter()
-        parts = [bpg.generator_step(self.generator, self.optimizer, clients, global_model,
-                                    shares, prior, batch_size=keys.batch_size,
-                                    lambda_div=keys.lambda_div, lambda_eff=keys.lambda_eff,
-                                    rng=rng, device=device)
-                 for _ in range(keys.generator_steps)]
+        parts = fit_generator(self.generator, self.optimizer, clients, global_model, shares,
+                              prior, steps=keys.generator_steps, batch_size=keys.batch_size,
+                              lambda_div=keys.lambda_div, lambda_eff=keys.lambda_eff, rng=rng,
+                              device=device)
         self.record.time("generator_training", time.perf_counter() - start, server_round)
         if parts:
-            entry["generator"] = {name: sum(p[name] for p in parts) / len(parts)
-                                  for name in parts[0]}
+            entry["generator"] = parts
         start = time.perf_counter()
         (self.retained_x, self.retained_y), tuning = bpg.tune_global(
             global_model, clients, self.generator, prior,
@@ -163,7 +167,8 @@ class FedBPG(FedAvgStrategy):
                 for name, value in global_model.state_dict().items()}
 
 # ---------------------------------------------------------------------------- client side
-LOCAL_MODEL, ALPHAS = "fedbpg-local-model", "fedbpg-alphas"
+# The fusion, omega_k's keeping in the node's state and DP are the library's
+# (fedgo_flwr/strategies/fedbpg.py); these handlers run them with the run config.
 
 
 def personal_start(message: Message, local: Local, seed: int
@@ -177,15 +182,10 @@ def personal_start(message: Message, local: Local, seed: int
     if not keys.adaptive_fusion or own is None:
         return global_model, {}
     own_model = local.load_classifier(own)
-    stored = local.state.config_records.get(ALPHAS)
-    last = dict(zip(stored["names"], stored["values"])) if stored else None
-    alphas = learn_fusion(own_model, global_model, local.x, local.y, steps=keys.fusion_steps,
-                          lr=keys.fusion_lr, batch_size=int(local.cfg.batch_size), seed=seed,
-                          start=last, device=local.device)
-    fused = fuse({k: v.detach().cpu() for k, v in own_model.state_dict().items()},
-                 {k: v.detach().cpu() for k, v in global_model.state_dict().items()},
-                 {k: torch.tensor(a) for k, a in alphas.items()})
-    own_model.load_state_dict(fused)
+    alphas = adaptive_fusion(own_model, global_model, local.x, local.y,
+                             start=stored_alphas(local.state), steps=keys.fusion_steps,
+                             lr=keys.fusion_lr, batch_size=int(local.cfg.batch_size), seed=seed,
+                             device=local.device)
     return own_model, alphas
 
 
@@ -199,35 +199,25 @@ def personalised_update(message: Message, local: Local) -> Message:
     model, alphas = personal_start(message, local,
                                    client_seed(int(conf["seed"]), local.partition_id))
     answer = local_update(message, local, model)
-    local.state[LOCAL_MODEL] = ArrayRecord(model.cpu().state_dict())
+    keep_personal(local.state, model, alphas)
     metrics = answer.content.metric_records["metrics"]
-    metrics["label-counts"] = torch.bincount(local.y, minlength=local.num_classes).tolist()
+    metrics[LABEL_COUNTS] = label_counts(local.y, local.num_classes)
     if alphas:
-        local.state[ALPHAS] = ConfigRecord({"names": list(alphas),
-                                            "values": list(alphas.values())})
-        metrics["fusion-alpha"] = sum(alphas.values()) / len(alphas)
+        metrics[FUSION_ALPHA] = sum(alphas.values()) / len(alphas)
     return answer
 
 
-def deep_personalise(model: nn.Module, local: Local, epochs: int, seed: int) -> None:
-    """DP: the model's last linear layer trained on the client's data, the rest frozen."""
-    last = [m for m in model.modules() if isinstance(m, nn.Linear)][-1]
-    model.requires_grad_(False)
-    last.requires_grad_(True)
-    cfg = local.cfg
-    train_classifier(model, local.x, local.y, epochs=epochs, batch_size=cfg.batch_size,
-                     lr=cfg.lr, flip=cfg.flip, crop=cfg.random_crop, optimizer=cfg.optimizer,
-                     momentum=cfg.momentum, seed=seed, device=local.device)
-    model.requires_grad_(True)
-
-
 def personalised_evaluate(message: Message, local: Local) -> Message:
-    """The personal model's accuracy and loss on the client's personal test split."""
-    keys = local.cfg.keys("fedbpg")
-    seed = client_seed(local.cfg.seed, local.partition_id)
+    """The personal model's accuracy and loss on the client's personal test split; with DP
+    its last linear layer is first fine-tuned on S_k."""
+    keys, cfg = local.cfg.keys("fedbpg"), local.cfg
+    seed = client_seed(cfg.seed, local.partition_id)
     model, _ = personal_start(message, local, seed)
     if keys.deep_personalisation:
-        deep_personalise(model, local, keys.dp_epochs, seed)
+        deep_personalise(model, lambda m: train_classifier(
+            m, local.x, local.y, epochs=keys.dp_epochs, batch_size=cfg.batch_size, lr=cfg.lr,
+            flip=cfg.flip, crop=cfg.random_crop, optimizer=cfg.optimizer,
+            momentum=cfg.momentum, seed=seed, device=local.device))
     x, y = (local.test_x, local.test_y) if len(local.test_y) else (local.x, local.y)
     acc, loss = evaluate(model, x, y, device=local.device)
     return reply(message, {"num-examples": len(y), "eval-acc": acc, "eval-loss": loss})

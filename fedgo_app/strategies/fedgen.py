@@ -8,10 +8,13 @@ drawn from the label prior p^(y) built from the label counts the clients upload 
 models. From the next round the clients receive G_w and p^(y) with the model and add
 alpha_t * CE(head(G_w(y^, eps)), y^), y^ ~ p^(y), to their loss (eq. 5).
 
-Where the paper is silent this follows its public code: Adam (lr 3e-4, weight decay 1e-2) on
-G_w kept across rounds with its learning rate decayed 0.98 a round, `fedgen-generator-steps`
-steps a round; the diversity term exp(-mean_ij d(eps_i, eps_j) d(z_i, z_j)) (mean squared and
-mean absolute differences) with weight 1; alpha_t = 10 * 0.98^t. The public code's second
+The algorithm's pieces (G_w's training, the clients' loss, the label counts) are the
+library's (fedgo_flwr/strategies/fedgen.py); this module runs them with the run config and
+record. Where the paper is silent this follows its public code: Adam (lr 3e-4, weight decay
+1e-2) on G_w kept across rounds with its learning rate decayed 0.98 a round,
+`fedgen-generator-steps` steps a round; the diversity term
+exp(-mean_ij d(eps_i, eps_j) d(z_i, z_j)) (mean squared and mean absolute differences) with
+weight 1; alpha_t = 10 * 0.98^t. The public code's second
 client term (a KL between the heads' outputs on real and generated features) is left out:
 the paper's objective (5) has only the cross-entropy. The latent layer is the classifier's own
 (512 wide for the CNN), not the paper's 32-wide MLP.
@@ -24,13 +27,10 @@ from dataclasses import dataclass
 from logging import INFO
 
 import torch
-import torch.nn.functional as F
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.common.logger import log
-from torch import nn
 
 from fedgo_app.client_context import Local, config_of
-from fedgo_flwr.diversity import diversity_loss
 from fedgo_flwr.keys import AT_LEAST_ONE, FRACTION, NON_NEGATIVE, POSITIVE, key
 from fedgo_flwr.models import FeatureGenerator
 from fedgo_flwr.seeds import client_seed, round_seed
@@ -38,6 +38,9 @@ from fedgo_app.server.record import RunRecord
 from fedgo_app.strategies.base import (CLIENT, ClientModel, FedAvgStrategy, ServerSetup,
                                         local_update)
 from fedgo_app.strategies.registry import StrategySpec
+from fedgo_flwr.strategies.fedgen import (GENERATOR, generated_feature_loss, received_generator,
+                                          train_feature_generator)
+from fedgo_flwr.strategies.label_counts import LABEL_COUNTS, label_counts, label_prior
 from fedgo_flwr.weighting import label_shares
 
 
@@ -56,37 +59,6 @@ class FedGenKeys:
     alpha: float = key(10.0, "clients add alpha decay^t CE(head(G_w(y, eps)), y), y from the "
                        "label prior", NON_NEGATIVE)
     decay: float = key(0.98, "per-round decay of alpha and of G_w's learning rate", FRACTION)
-
-
-def train_feature_generator(generator: FeatureGenerator, classifiers: list[nn.Module],
-                            label_weights: torch.Tensor, prior: torch.Tensor, *, steps: int,
-                            batch_size: int, optimizer: torch.optim.Optimizer,
-                            diversity_weight: float, gen: torch.Generator,
-                            device: torch.device) -> dict[str, float]:
-    """Eq. 4 with per-label weights: minimise sum_k lambda_k^y CE(head_k(G(y, eps)), y) over
-    y ~ prior, plus the diversity term. classifiers: the round's client models, frozen, of
-    which only `head` is used; label_weights [K, C], each column summing to 1 over the clients
-    holding that label."""
-    generator.to(device).train()
-    for net in classifiers:
-        net.to(device).eval().requires_grad_(False)
-    weights = label_weights.to(device)
-    teacher_total = diversity_total = 0.0
-    for _ in range(steps):
-        y = torch.multinomial(prior, batch_size, replacement=True, generator=gen).to(device)
-        eps = generator.noise(batch_size, gen).to(device)
-        z = generator(y, eps)
-        ce = torch.stack([F.cross_entropy(net.head(z), y, reduction="none") for net in classifiers])
-        teacher = (weights[:, y] * ce).sum(0).mean()
-        diversity = diversity_loss(eps, z)
-        loss = teacher + diversity_weight * diversity
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        teacher_total += teacher.item()
-        diversity_total += diversity.item()
-    n = max(steps, 1)
-    return {"generator_loss": teacher_total / n, "diversity_loss": diversity_total / n}
 
 
 # ---------------------------------------------------------------------------- server side
@@ -112,7 +84,7 @@ class FedGen(FedAvgStrategy):
     def train_content(self, server_round: int, arrays: ArrayRecord) -> RecordDict:
         content = super().train_content(server_round, arrays)
         if self.prior is not None:  # G_w is trained from the first round's heads on
-            content["generator"] = ArrayRecord(self.generator.state_dict())
+            content[GENERATOR] = ArrayRecord(self.generator.state_dict())
         return content
 
     def train_config(self, server_round: int) -> ConfigRecord:
@@ -126,8 +98,8 @@ class FedGen(FedAvgStrategy):
 
     def server_update(self, server_round: int, averaged: dict[str, torch.Tensor],
                       models: list[ClientModel]) -> dict[str, torch.Tensor]:
-        counts = torch.tensor([m.metrics["label-counts"] for m in models], dtype=torch.float64)
-        self.prior = (counts.sum(0) / counts.sum()).float()
+        counts = torch.tensor([m.metrics[LABEL_COUNTS] for m in models], dtype=torch.float64)
+        self.prior = label_prior(counts)
         label_weights = label_shares(counts)  # lambda_k^y
         classifiers = [self.setup.new_classifier(state=m.state) for m in models]
         gen = torch.Generator().manual_seed(round_seed(self.cfg.seed, server_round))
@@ -148,28 +120,20 @@ class FedGen(FedAvgStrategy):
 # ---------------------------------------------------------------------------- client side
 def generated_feature_update(message: Message, local: Local) -> Message:
     """Eq. 5: ClientUpdate plus alpha_t CE(head(G_w(y^, eps)), y^), y^ ~ p^(y), once the server
-    sends G_w; the reply also carries the label counts c_k."""
+    sends G_w (fedgo_flwr's generated-feature loss); the reply also carries the label counts
+    c_k."""
     conf = config_of(message)
     model = local.classifier(message)
     extra_loss = None
-    if "generator" in message.content.array_records:
-        generator = FeatureGenerator(local.num_classes, model.latent_dim,
-                                     int(conf["noise-dim"]), int(conf["hidden-dim"]))
-        generator.load_state_dict(message.content.array_records["generator"].to_torch_state_dict())
-        generator.to(local.device).eval()
-        prior = torch.tensor(conf["label-prior"], dtype=torch.float32)
-        alpha, batch = float(conf["fedgen-alpha"]), int(conf["batch-size"])
-        gen = torch.Generator().manual_seed(client_seed(int(conf["seed"]), local.partition_id) + 1)
-
-        def extra_loss(m: nn.Module) -> torch.Tensor:
-            y = torch.multinomial(prior, batch, replacement=True, generator=gen).to(local.device)
-            with torch.no_grad():
-                z = generator(y, generator.noise(batch, gen).to(local.device))
-            return alpha * F.cross_entropy(m.head(z), y)
-
+    if GENERATOR in message.content.array_records:
+        generator, prior = received_generator(message, model.latent_dim)
+        extra_loss = generated_feature_loss(
+            generator, prior, alpha=float(conf["fedgen-alpha"]),
+            batch_size=int(conf["batch-size"]),
+            seed=client_seed(int(conf["seed"]), local.partition_id) + 1, device=local.device)
     reply = local_update(message, local, model, extra_loss=extra_loss)
-    counts = torch.bincount(local.y, minlength=local.num_classes).tolist()
-    reply.content.metric_records["metrics"]["label-counts"] = counts
+    reply.content.metric_records["metrics"][LABEL_COUNTS] = label_counts(local.y,
+                                                                         local.num_classes)
     return reply
 
 

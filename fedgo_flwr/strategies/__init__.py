@@ -4,7 +4,11 @@ and client side."""
 
 from fedgo_flwr.strategies.dafkd import DaFKD
 from fedgo_flwr.strategies.ensemble import EnsembleDistillation
+from fedgo_flwr.strategies.fedbpg import FedBPG
 from fedgo_flwr.strategies.feddf import FedDF
+from fedgo_flwr.strategies.fedgen import FedGen
 from fedgo_flwr.strategies.fedgo import FedGO
+from fedgo_flwr.strategies.label_counts import LabelCountFedAvg
 
-__all__ = ["DaFKD", "EnsembleDistillation", "FedDF", "FedGO"]
+__all__ = ["DaFKD", "EnsembleDistillation", "FedBPG", "FedDF", "FedGO", "FedGen",
+           "LabelCountFedAvg"]

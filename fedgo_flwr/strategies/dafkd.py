@@ -220,15 +220,15 @@ class DaFKD(EnsembleDistillation):
 
 # ---------------------------------------------------------------------------- client side
 def domain_aware_update(message: Message, model: nn.Module, data, *,
-                        device: str | torch.device = "cpu") -> Message:
+                        device: str | torch.device = "cpu", seed: int | None = None) -> Message:
     """A DaFKD client's round: `model` (the user's, given the received weights) and D_k's head
     trained on `data` (labelled: (images, labels), a Dataset or a DataLoader) against the
-    received G, and G against D_k in the generator rounds. Reads "local-epochs" (1), "lr"
-    (1e-3), "batch-size" (64) and "seed" (0) from the message's config where given. The reply
-    holds ArrayRecords "arrays", "discriminator-head" (and "generator" when it trained G) and
-    MetricRecord "metrics" (num-examples, train-loss, ...)."""
-    conf, records, device = message.content.config_records["config"], \
-        message.content.array_records, torch.device(device)
+    received G, and G against D_k in the generator rounds. Reads from the message's config,
+    where given: "local-epochs" (1), "lr" (1e-3), "batch-size" (64), "optimizer" ("adam"),
+    "momentum" (0.9), "flip" (true), "random-crop" (0) and "seed" (0; `seed` overrides it with
+    the node's own). The reply holds ArrayRecords "arrays", "discriminator-head" (and
+    "generator" when it trained G) and MetricRecord "metrics" (num-examples, train-loss, ...)."""
+    conf, records = message.content.config_records["config"], message.content.array_records
     x, y = labelled(data)
     model.load_state_dict(records["arrays"].to_torch_state_dict())
     head = discriminator_head(model.latent_dim)
@@ -237,12 +237,15 @@ def domain_aware_update(message: Message, model: nn.Module, data, *,
                           int(conf["generator-width"]))
     generator.load_state_dict(records[GENERATOR].to_torch_state_dict())
     trains_g = bool(conf["train-generator"])
+    if seed is None:
+        seed = client_seed(int(conf.get("seed", 0)), message.metadata.dst_node_id % 100_000)
     result = train_domain_aware(
         model, head, generator, x, y, epochs=int(conf.get("local-epochs", 1)),
         batch_size=int(conf.get("batch-size", 64)), lr=float(conf.get("lr", 1e-3)),
-        gan_lr=float(conf["gan-lr"]), train_generator=trains_g, flip=True,
-        seed=client_seed(int(conf.get("seed", 0)), message.metadata.dst_node_id % 100_000),
-        device=device)
+        gan_lr=float(conf["gan-lr"]), train_generator=trains_g,
+        flip=bool(conf.get("flip", True)), crop=int(conf.get("random-crop", 0)),
+        optimizer=str(conf.get("optimizer", "adam")),
+        momentum=float(conf.get("momentum", 0.9)), seed=seed, device=torch.device(device))
     arrays = {"arrays": ArrayRecord(model.cpu().state_dict()),
               HEAD: ArrayRecord(head.cpu().state_dict())}
     if trains_g:
