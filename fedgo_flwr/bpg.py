@@ -1,4 +1,4 @@
-"""FedBPG's server-side pieces, as tensor functions (fedgo_app/strategies/fedbpg.py runs
+"""FedBPG's server-side pieces, as tensor functions (fedgo_flwr/strategies/fedbpg.py runs
 them each round). Notation of the appendix (seed 004): clients' shared models omega_k, the
 global model omega-bar, the label-conditional generator G(z, y) and its pseudo-data x~.
 

@@ -125,7 +125,10 @@ def test_a_run_goes_on_without_supernodes_lost_before_and_during_it(deployment, 
     out = (tmp_path / "run.log").read_text()
     record = json.loads((results / "lost" / "record.json").read_text())
     assert record["clients"]["missing_at_start"] == [2], out[-3000:]
-    assert record["pre_fl"]["replies"]["usable"] == 2
+    # both live SuperNodes' discriminators: in the stage's wait, or joined when they came (on
+    # a loaded machine one can come after the 30 s wait)
+    pre_fl = record["pre_fl"]
+    assert pre_fl["replies"]["usable"] + len(pre_fl.get("joined_late", [])) == 2, out[-3000:]
     rounds = record["rounds"][1:]
     assert rounds[0]["clients"] == [0, 1] and rounds[0]["replies"]["usable"] == 2
     lost = next(i for i, r in enumerate(rounds)

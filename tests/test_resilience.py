@@ -103,6 +103,29 @@ class ScriptedGrid(InProcessGrid):
         return next(n for n, c in self.nodes.items() if c.node_config["partition-id"] == partition)
 
 
+class SlowDiscriminatorGrid(ScriptedGrid):
+    """Partition 2's node goes offline as the discriminators are asked for (its answer waits)
+    and comes back when round 1's training is sent."""
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        if any(m.metadata.message_type == "train.discriminator" for m in messages):
+            self.offline.add(self.node(2))
+        return super().push_messages(messages)
+
+
+def test_a_discriminator_that_comes_after_the_pre_fl_wait_joins_the_odds(tiny_config, caplog):
+    cfg = tiny_config.replace(strategy="fedgo", num_server_rounds=3, fraction_train=1.0,
+                              round_timeout=1.0)
+    grid = SlowDiscriminatorGrid(client_module.app, cfg.to_run_config(), 4,
+                                 before={1: lambda g: g.back_online(g.node(2))})
+    record, _, _ = _run(cfg, grid=grid)
+    assert record["pre_fl"]["replies"]["usable"] == 3  # in the stage's wait
+    assert record["pre_fl"]["joined_late"] == [2]  # and the fourth when it came
+    assert "late reply of partition 2 (round 0): used" in caplog.text
+    assert all(r["replies"]["usable"] == 4 for r in record["rounds"][1:])
+
+
 def test_a_missing_node_is_named_dropped_after_a_missed_round_and_rejoins(tiny_config):
     cfg = tiny_config.replace(strategy="fedgo", num_server_rounds=4, fraction_train=1.0,
                               join_timeout=1.0, round_timeout=1.0)

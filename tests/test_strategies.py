@@ -356,7 +356,7 @@ def test_dafkd_client_trains_a_partition_whose_last_minibatch_holds_one_image():
     """n_k = 1 mod batch-size: G's BatchNorm still gets two fakes (a real run's partition 14,
     seed 1, alpha 0.1, failed every round before)."""
     from fedgo_flwr.models import Generator, create_classifier
-    from fedgo_app.strategies.dafkd import discriminator_head, train_domain_aware
+    from fedgo_flwr.strategies.dafkd import discriminator_head, train_domain_aware
     torch.manual_seed(0)
     model = create_classifier("cnn", 1, 10, 28)
     generator = Generator(16, 1, 28, dim=8)

@@ -19,8 +19,8 @@ NO_ANSWER = frozenset({ErrorCode.NODE_UNAVAILABLE, ErrorCode.MESSAGE_UNAVAILABLE
 class Mailbox:
     """Grid.send_and_receive that attributes each reply to the node it answers for and, for
     a round, keeps the ids of the messages its wait left unanswered, so a reply that arrives
-    after its round's wait ended is still seen, as late, when the next round starts (and never
-    used)."""
+    after its round's wait ended is still seen, as late, when the next round starts (a late
+    discriminator is used then; a late model is not)."""
 
     def __init__(self, grid: Grid, poll: float = 1.0):
         self.grid, self.poll = grid, poll
@@ -58,13 +58,14 @@ class Mailbox:
             self.pending.update({mid: (node, server_round) for mid, node in waiting.items()})
         return replies
 
-    def late_replies(self) -> list[tuple[int, int]]:
-        """(node id, round) of each reply that came after its wait ended, since last asked."""
+    def late_replies(self) -> list[tuple[int, int, Message]]:
+        """(node id, round, reply) of each reply that came after its wait ended, since last
+        asked."""
         if not self.pending:
             return []
         late = []
         for reply in self.grid.pull_messages(list(self.pending)):
             sent = self.pending.pop(reply.metadata.reply_to_message_id, None)
             if sent is not None and not reply.has_error():
-                late.append(sent)
+                late.append((*sent, reply))
         return late

@@ -188,16 +188,46 @@ class FedGO(EnsembleDistillation):
         self.row = {by_row[row]: i for i, row in enumerate(kept)}
         return {p: d for p, d in discriminators.items() if p in self.row}
 
+    def late_reply(self, pid: int, late_round: int, reply: Message) -> bool:
+        """A discriminator that came after the pre-FL stage's wait joins the odds now (not
+        under the odds screen, which weighs every discriminator against the others at once)."""
+        if late_round != 0 or "discriminator" not in reply.content.array_records:
+            return False
+        template = new_discriminator(self.cfg, self.setup.image_shape).state_dict()
+        why = ("its partition has one already" if pid in self.row
+               else "the odds screen is on: it needs every discriminator in the pre-FL stage"
+               if self.cfg.discriminator_screen != "none"
+               else self.reply_problem(reply, "discriminator", template))
+        if why:
+            log(WARNING, "late discriminator of partition %d left out: %s", pid, why)
+            return False
+        d = new_discriminator(self.cfg, self.setup.image_shape)
+        d.load_state_dict(reply.content.array_records["discriminator"].to_torch_state_dict())
+        metrics = reply.content.metric_records["metrics"]
+        joined = {pid: (d.eval(), calibration_of(metrics) if self.calibrated else None)}
+        self.row[pid] = len(self.row)
+        start = time.perf_counter()
+        u = self.odds_on(self.u, joined, self.views, "U", "late", rows=[pid])
+        test = self.odds_on(self.setup.test_x, joined, 1, "the test split", "late", rows=[pid])
+        self.cached_u_log_odds = torch.cat([self.cached_u_log_odds, u])
+        self.cached_test_log_odds = torch.cat([self.cached_test_log_odds, test[:, 0]])
+        self.record.time("odds", time.perf_counter() - start)
+        self.record.data["pre_fl"].setdefault("joined_late", []).append(pid)
+        if self.cfg.redraw_distill_set:
+            self.discriminators.update(joined)
+        return True
+
     def odds_on(self, x: torch.Tensor, discriminators: dict, views: int, name: str,
-                stage: str = "pre-FL") -> torch.Tensor:
-        """log Phi_k on each view of images x, [K, views, N], rows in self.row's order."""
-        rows = []
-        for p in self.row:
+                stage: str = "pre-FL", rows: list[int] | None = None) -> torch.Tensor:
+        """log Phi_k on each view of images x, [K, views, N], of the partitions `rows`
+        (default: all, in self.row's order)."""
+        pids, rows = rows or list(self.row), []
+        for p in pids:
             d, cal = discriminators[p]
             rows.append(torch.stack([log_odds(d, x, device=self.setup.device, flip=v == 1,
                                               calibration=cal) for v in range(views)]))
             log(INFO, "%s: odds of partition %d on %s (%d/%d)", stage, p, name, len(rows),
-                len(self.row))
+                len(pids))
         return torch.stack(rows)
 
     def distillation_set_changed(self, server_round: int) -> None:

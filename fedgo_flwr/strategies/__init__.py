@@ -1,7 +1,8 @@
 """The library's strategies: Flower `FedAvg` subclasses whose `start()` works as Flower
 documents it (a pre-FL stage first where the method has one). One module per method, server
-and client side."""
+and client side, on the shared base (base.py): FedAvg, checked replies, a server update."""
 
+from fedgo_flwr.strategies.base import ServerUpdateFedAvg
 from fedgo_flwr.strategies.dafkd import DaFKD
 from fedgo_flwr.strategies.ensemble import EnsembleDistillation
 from fedgo_flwr.strategies.fedbpg import FedBPG
@@ -11,4 +12,4 @@ from fedgo_flwr.strategies.fedgo import FedGO
 from fedgo_flwr.strategies.label_counts import LabelCountFedAvg
 
 __all__ = ["DaFKD", "EnsembleDistillation", "FedBPG", "FedDF", "FedGO", "FedGen",
-           "LabelCountFedAvg"]
+           "LabelCountFedAvg", "ServerUpdateFedAvg"]

@@ -25,7 +25,8 @@ from fedgo_flwr.gan import draw_images
 from fedgo_flwr.inputs import labelled
 from fedgo_flwr.models import Generator
 from fedgo_flwr.seeds import client_seed, round_seed
-from fedgo_flwr.strategies.ensemble import ClientModel, EnsembleDistillation
+from fedgo_flwr.strategies.base import ClientModel, retyped
+from fedgo_flwr.strategies.ensemble import EnsembleDistillation
 from fedgo_flwr.teachers import server_autocast
 from fedgo_flwr.train import apply_in_batches, classifier_optimizer, minibatch_descent
 from fedgo_flwr.weighting import domain_aware_weights
@@ -172,13 +173,8 @@ class DaFKD(EnsembleDistillation):
         settings = {"train-generator": self.trains_generator(server_round),
                     "latent-dim": self.generator.latent_dim,
                     "generator-width": self.generator.dim, "gan-lr": self.gan_lr}
-        messages = []
-        for m in super().configure_train(server_round, arrays, config, grid):
-            content = RecordDict({**m.content.array_records, **extra, "config": ConfigRecord(
-                {**m.content.config_records[self.configrecord_key], **settings})})
-            messages.append(Message(content, dst_node_id=m.metadata.dst_node_id,
-                                    message_type=TRAIN_DAFKD))
-        return messages
+        return retyped(super().configure_train(server_round, arrays, config, grid), TRAIN_DAFKD,
+                       extra, settings, self.configrecord_key)
 
     def extra_arrays(self, server_round: int) -> tuple[str, ...]:
         return (HEAD, GENERATOR) if self.trains_generator(server_round) else (HEAD,)

@@ -39,13 +39,14 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from torch import nn
 
-from fedgo_flwr import bpg
+from fedgo_flwr.bpg import generator_step, tune_global
 from fedgo_flwr.fusion import fuse, learn_fusion
 from fedgo_flwr.inputs import labelled
 from fedgo_flwr.models import GENERATOR_SIDES, ConditionalGenerator
 from fedgo_flwr.seeds import round_seed
-from fedgo_flwr.strategies.label_counts import (TRAINING, LabelCountFedAvg, label_prior,
-                                                message_seed, num_classes_of,
+from fedgo_flwr.strategies.base import retyped
+from fedgo_flwr.strategies.label_counts import (LABEL_COUNTS, TRAINING, LabelCountFedAvg,
+                                                label_prior, message_seed, num_classes_of,
                                                 train_as_configured, trained_reply)
 from fedgo_flwr.train import evaluate
 from fedgo_flwr.weighting import label_shares
@@ -63,9 +64,9 @@ def fit_generator(generator: nn.Module, optimizer: torch.optim.Optimizer,
     """Eq. 5: `steps` Adam steps of G(z, y) on L_gen = L_aut + lambda_div L_div - lambda_eff
     L_eff, y ~ prior (fedgo_flwr.bpg.generator_step); the means of the three parts
     (authenticity, diversity, effectiveness), {} without steps."""
-    parts = [bpg.generator_step(generator, optimizer, clients, global_model, shares, prior,
-                                batch_size=batch_size, lambda_div=lambda_div,
-                                lambda_eff=lambda_eff, rng=rng, device=device)
+    parts = [generator_step(generator, optimizer, clients, global_model, shares, prior,
+                            batch_size=batch_size, lambda_div=lambda_div,
+                            lambda_eff=lambda_eff, rng=rng, device=device)
              for _ in range(steps)]
     return {name: sum(p[name] for p in parts) / len(parts) for name in parts[0]} if parts else {}
 
@@ -116,7 +117,7 @@ class FedBPG(LabelCountFedAvg):
         `FedAvg` keywords.
     """
 
-    train_type, reported = TRAIN_FEDBPG, (FUSION_ALPHA,)
+    train_type, reported = TRAIN_FEDBPG, (LABEL_COUNTS, FUSION_ALPHA)
 
     def __init__(self, *, model_fn: Callable[[], nn.Module], image_shape: tuple[int, int, int],
                  num_classes: int | None = None, ensemble_distillation: bool = True,
@@ -177,15 +178,15 @@ class FedBPG(LabelCountFedAvg):
                            grid: Grid) -> list[Message]:
         """FedAvg's sampling; the messages as evaluate.fedbpg, with the fusion's and DP's
         settings and (where the evaluate config lacks them) the train config's."""
-        return self.retyped(super().configure_evaluate(server_round, arrays, config, grid),
-                            EVALUATE_FEDBPG, {}, {**self.fusion, **self.personalisation},
-                            {"seed": self.seed, **self.training})
+        return retyped(super().configure_evaluate(server_round, arrays, config, grid),
+                       EVALUATE_FEDBPG, {}, {**self.fusion, **self.personalisation},
+                       self.configrecord_key, {"seed": self.seed, **self.training})
 
     # --- the round
     def server_update(self, server_round, averaged, models):
         """The clients' mean alpha; with ED, omega-bar tuned on G's pseudo-data."""
-        alphas = [m.reported[FUSION_ALPHA] for m in models
-                  if isinstance(m.reported.get(FUSION_ALPHA), float)]
+        alphas = [m.metrics[FUSION_ALPHA] for m in models
+                  if isinstance(m.metrics.get(FUSION_ALPHA), float)]
         info = {FUSION_ALPHA: sum(alphas) / len(alphas)} if alphas else {}
         if self.generator is None:
             return averaged, info
@@ -204,9 +205,9 @@ class FedBPG(LabelCountFedAvg):
         start = time.perf_counter()
         parts = fit_generator(self.generator, self.optimizer, clients, global_model, shares,
                               prior, rng=rng, device=self.device, **self.generation)
-        self.retained, tuning = bpg.tune_global(global_model, clients, self.generator, prior,
-                                                self.retained, rng=rng, device=self.device,
-                                                **self.tuning)
+        self.retained, tuning = tune_global(global_model, clients, self.generator, prior,
+                                            self.retained, rng=rng, device=self.device,
+                                            **self.tuning)
         self.generator.cpu()
         seconds = time.perf_counter() - start
         log(INFO, "round %d: G's authenticity %.3f, diversity %.3f, effectiveness %.3f; tuning "
@@ -215,8 +216,8 @@ class FedBPG(LabelCountFedAvg):
             tuning.get("kl", float("nan")), tuning["retained"], seconds)
         metrics = {f"generator-{name}": value for name, value in parts.items()}
         metrics.update({f"tuning-{name.replace('_', '-')}": value
-                        for name, value in tuning.items() if name != "retained"})
-        metrics.update({"retained": tuning["retained"], "distill-seconds": seconds})
+                        for name, value in tuning.items()})
+        metrics["distill-seconds"] = seconds
         return ArrayRecord(global_model.cpu().state_dict()), metrics
 
 

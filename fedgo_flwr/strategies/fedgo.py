@@ -26,8 +26,8 @@ from fedgo_flwr.gan import (Negatives, calibrate_discriminator, generator_negati
 from fedgo_flwr.inputs import images_of
 from fedgo_flwr.models import Critic, Discriminator, Generator
 from fedgo_flwr.seeds import client_seed
-from fedgo_flwr.strategies.ensemble import (ClientModel, EnsembleDistillation,
-                                            examples_problem, state_problem)
+from fedgo_flwr.strategies.base import ClientModel, examples_problem, state_problem
+from fedgo_flwr.strategies.ensemble import EnsembleDistillation
 from fedgo_flwr.weighting import WEIGHTINGS
 
 TRAIN_DISCRIMINATOR = "train.discriminator"  # the pre-FL stage's message type
@@ -117,13 +117,17 @@ class FedGO(EnsembleDistillation):
         torch.manual_seed(self.seed)
         generator = Generator(g["latent_dim"], c, h, g["width"])
         every = max(1, g["steps"] // 10)
+
+        def progress(step: int, w_dist: float, _: float) -> None:
+            if step % every == 0:
+                log(INFO, "pre-FL: generator step %d/%d | Wasserstein estimate %.3f", step,
+                    g["steps"], w_dist)
+
         info = train_wgan_gp(
             generator, Critic(c, h, g["width"]), self.u, steps=g["steps"],
             critic_steps=g["critic_steps"], gp_weight=g["gp_weight"], lr=g["lr"],
             batch_size=g["batch_size"], flip=self.views == 2, seed=self.seed,
-            device=self.device, progress=lambda step, w, _: step % every or log(
-                INFO, "pre-FL: generator step %d/%d | Wasserstein estimate %.3f", step,
-                g["steps"], w))
+            device=self.device, progress=progress)
         log(INFO, "pre-FL: generator trained in %.1fs", info["seconds"])
         return generator.cpu().eval()
 

@@ -10,21 +10,16 @@ left out of the round, with the reason in the server's log."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from logging import INFO, WARNING
+from collections.abc import Callable
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
-from flwr.common.logger import log
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import FedAvg, Result
-from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 from torch import nn
 
 from fedgo_flwr.seeds import client_seed, round_seed
-from fedgo_flwr.strategies.ensemble import ClientModel, examples_problem, state_problem
-from fedgo_flwr.train import resolve_device, train_classifier
+from fedgo_flwr.strategies.base import ClientModel, ServerUpdateFedAvg, retyped
+from fedgo_flwr.train import train_classifier
 
 LABEL_COUNTS = "label-counts"  # the reply's metric: c_k, C integers summing to n_k
 # What a client's local training reads from the message's config, and its value where absent.
@@ -63,59 +58,30 @@ def num_classes_of(model: nn.Module, example: torch.Tensor, head: bool = False) 
         return int((model.head if head else model)(example).shape[-1])
 
 
-@dataclass
-class CountedModel(ClientModel):
-    """theta_k^t of one usable reply with its label counts c_k, and the method's own metrics
-    that are not averaged by n_k as Flower averages the others (FedBPG's fusion-alpha)."""
-    label_counts: list[int] = field(default_factory=list)
-    reported: dict[str, float] = field(default_factory=dict)
-
-
-class LabelCountFedAvg(FedAvg):
+class LabelCountFedAvg(ServerUpdateFedAvg):
     """FedAvg whose train messages are of type `train_type` and whose train replies carry
     the clients' label counts; a method adds its server update after the average
     (`server_update`) and what its train messages carry (`train_payload`).
 
     Parameters
     ----------
-    model_fn : Callable[[], nn.Module]
-        Builds the global model (the architecture of `initial_arrays`).
     num_classes : int
         C, the length of every client's label counts.
-    seed : int (default: 0)
-        Seeds the server's generator and its draws, and the clients' training where the
-        caller's train config has no "seed".
-    device : str | torch.device | None (default: None)
-        Where the server trains: None picks CUDA when visible, else the CPU.
-    **kwargs
-        Every keyword Flower's `FedAvg` takes (fraction_train, min_available_nodes, ...).
+    model_fn, seed, device, aggregate_fn, **kwargs
+        As in `ServerUpdateFedAvg` (fedgo_flwr.strategies.base), and every keyword Flower's
+        `FedAvg` takes; `seed` also seeds the clients' training where the caller's train
+        config has no "seed".
     """
 
     train_type = "train"
-    reported: tuple[str, ...] = ()  # reply metrics the method takes out of Flower's averaging
+    reported: tuple[str, ...] = (LABEL_COUNTS,)  # kept out of Flower's averaging
 
-    def __init__(self, *, model_fn: Callable[[], nn.Module], num_classes: int, seed: int = 0,
-                 device: str | torch.device | None = None, **kwargs) -> None:
-        super().__init__(**kwargs)
+    def __init__(self, *, model_fn: Callable[[], nn.Module], num_classes: int,
+                 **kwargs) -> None:
+        super().__init__(model_fn=model_fn, **kwargs)
         if num_classes < 2:
             raise ValueError(f"num_classes is {num_classes}; a classifier needs at least 2")
-        self.model_fn, self.num_classes, self.seed = model_fn, num_classes, seed
-        self.device = resolve_device(str(device)) if device is not None else resolve_device()
-        self.template = model_fn().state_dict()
-        self.num_rounds = 1  # set by start()
-
-    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3,
-              timeout: float = 3600, train_config: ConfigRecord | None = None,
-              evaluate_config: ConfigRecord | None = None,
-              evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
-              ) -> Result:
-        """Flower's `Strategy.start`, once `initial_arrays` are known to fit `model_fn`."""
-        if problem := state_problem(initial_arrays, self.template):
-            raise ValueError(f"initial_arrays do not fit model_fn's model: {problem}")
-        self.num_rounds = num_rounds
-        return super().start(grid=grid, initial_arrays=initial_arrays, num_rounds=num_rounds,
-                             timeout=timeout, train_config=train_config,
-                             evaluate_config=evaluate_config, evaluate_fn=evaluate_fn)
+        self.num_classes = num_classes
 
     # --- what the clients receive
     def train_payload(self, server_round: int) -> tuple[dict[str, ArrayRecord], dict]:
@@ -127,90 +93,20 @@ class LabelCountFedAvg(FedAvg):
         """FedAvg's sampling; the messages as `train_type`, with the method's payload, C and
         the round's seed (where the caller's config has none)."""
         extra, settings = self.train_payload(server_round)
-        return self.retyped(super().configure_train(server_round, arrays, config, grid),
-                            self.train_type, extra, {"num-classes": self.num_classes,
-                                                     **settings},
-                            {"seed": round_seed(self.seed, server_round)})
-
-    def retyped(self, messages: Iterable[Message], message_type: str,
-                arrays: dict[str, ArrayRecord], settings: dict, defaults: dict
-                ) -> list[Message]:
-        """FedAvg's `messages` as `message_type`, with more ArrayRecords, and `defaults`
-        under and `settings` over the caller's config."""
-        messages = list(messages)
-        if not messages:
-            return []
-        content, key = messages[0].content, self.configrecord_key
-        config = ConfigRecord({**defaults, **content.config_records[key], **settings})
-        record = RecordDict({**content.array_records, **arrays, key: config})
-        return [Message(record, dst_node_id=m.metadata.dst_node_id, message_type=message_type)
-                for m in messages]
+        return retyped(super().configure_train(server_round, arrays, config, grid),
+                       self.train_type, extra, {"num-classes": self.num_classes, **settings},
+                       self.configrecord_key, {"seed": round_seed(self.seed, server_round)})
 
     # --- the round
-    def reply_problem(self, reply: Message) -> str | None:
-        """Why a train reply cannot be used, or None."""
-        content = reply.content
-        if len(content.metric_records) != 1:
-            return f"{len(content.metric_records)} MetricRecords, expected one"
-        (metrics,) = content.metric_records.values()
-        if self.arrayrecord_key not in content.array_records:
-            return f"no ArrayRecord {self.arrayrecord_key!r}"
-        return (examples_problem(metrics, self.weighted_by_key)
-                or label_counts_problem(metrics, self.num_classes, self.weighted_by_key)
-                or state_problem(content.array_records[self.arrayrecord_key], self.template))
+    def reply_problem(self, reply: Message, extras: tuple[str, ...] = ()) -> str | None:
+        """FedAvg's checks, and c_k: C non-negative integers summing to n_k."""
+        return super().reply_problem(reply, extras) or label_counts_problem(
+            next(iter(reply.content.metric_records.values())), self.num_classes,
+            self.weighted_by_key)
 
-    def client_models(self, replies: Iterable[Message]) -> list[CountedModel]:
-        """The usable train replies; each other is logged with why it is left out."""
-        models, seen = [], set()
-        for reply in replies:
-            node = reply.metadata.src_node_id
-            why = ("failed: " + str(reply.error.reason) if reply.has_error()
-                   else "duplicate reply" if node in seen else self.reply_problem(reply))
-            if why:
-                log(WARNING, "train reply of node %d left out: %s", node, why)
-                continue
-            seen.add(node)
-            (name, metrics), = reply.content.metric_records.items()
-            own = (LABEL_COUNTS, *self.reported)
-            content = RecordDict({
-                self.arrayrecord_key: reply.content.array_records[self.arrayrecord_key],
-                name: MetricRecord({k: v for k, v in metrics.items() if k not in own})})
-            models.append(CountedModel(
-                node, int(metrics[self.weighted_by_key]), content,
-                label_counts=list(metrics[LABEL_COUNTS]),
-                reported={k: metrics[k] for k in self.reported if k in metrics}))
-        return models
-
-    def aggregate_train(self, server_round: int, replies: Iterable[Message]
-                        ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """omega-bar = sum_k n_k theta_k / sum_k n_k over the usable replies, then the
-        method's server update; the round's metrics are the clients' (averaged by n_k, as
-        Flower's FedAvg averages them) and the server update's."""
-        models = self.client_models(replies)
-        log(INFO, "aggregate_train: %d usable client model(s)", len(models))
-        if not models:
-            return None, None
-        contents = [m.content for m in models]
-        averaged = aggregate_arrayrecords(contents, self.weighted_by_key)
-        metrics = self.train_metrics_aggr_fn(contents, self.weighted_by_key)
-        arrays, info = self.server_update(server_round, averaged, models)
-        for key, value in info.items():
-            metrics[key] = value
-        return arrays, metrics
-
-    def server_update(self, server_round: int, averaged: ArrayRecord,
-                      models: list[CountedModel]) -> tuple[ArrayRecord, dict[str, float]]:
-        """What the server does after averaging: (the new global model, round metrics)."""
-        return averaged, {}
-
-    def counts(self, models: list[CountedModel]) -> torch.Tensor:
+    def counts(self, models: list[ClientModel]) -> torch.Tensor:
         """The round's label counts, [K, C]."""
-        return torch.tensor([m.label_counts for m in models], dtype=torch.float64)
-
-    def load(self, state: dict[str, torch.Tensor]) -> nn.Module:
-        model = self.model_fn()
-        model.load_state_dict(state)
-        return model
+        return torch.tensor([m.metrics[LABEL_COUNTS] for m in models], dtype=torch.float64)
 
 
 # ---------------------------------------------------------------------------- client side
