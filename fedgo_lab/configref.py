@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from fedgo_app.config import EVERY_STRATEGY, GROUPS, SHARED
 from fedgo_flwr.keys import Declared, declared
@@ -83,26 +83,32 @@ def reference() -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fedgo_lab.configref",
-                                     description=__doc__.split("\n\n")[0])
+def page_cli(argv: list[str] | None, module: str, description: str,
+             reference_fn: Callable[[], str]) -> int:
+    """A generated page's command line (this reference's, the API reference's): print it,
+    --write FILE.md, or --check FILE.md (exit 1 when stale)."""
+    parser = argparse.ArgumentParser(prog=f"python -m {module}", description=description)
     what = parser.add_mutually_exclusive_group()
     what.add_argument("--write", type=Path, metavar="FILE.md", help="write the reference there")
     what.add_argument("--check", type=Path, metavar="FILE.md",
                       help="exit 1 unless FILE.md is the reference as generated now")
     args = parser.parse_args(argv)
-    text = reference()
+    text = reference_fn()
     if args.write:
         args.write.write_text(text)
     elif args.check:
         current = args.check.read_text() if args.check.exists() else ""
         if current != text:
-            print(f"{args.check} is stale: python -m fedgo_lab.configref --write {args.check}",
+            print(f"{args.check} is stale: python -m {module} --write {args.check}",
                   file=sys.stderr)
             return 1
     else:
         sys.stdout.write(text)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return page_cli(argv, "fedgo_lab.configref", __doc__.split("\n\n")[0], reference)
 
 
 if __name__ == "__main__":

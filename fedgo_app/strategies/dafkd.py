@@ -36,10 +36,8 @@ from fedgo_app.server.record import RunRecord
 from fedgo_app.strategies.base import CLIENT, ClientModel, ServerSetup, weighted_average
 from fedgo_app.strategies.ensemble import MARKS, READS, EnsembleDistillation
 from fedgo_app.strategies.registry import StrategySpec
-from fedgo_flwr.strategies.dafkd import (GENERATOR, HEAD, both_heads, discriminator_head)
+from fedgo_flwr.strategies.dafkd import GENERATOR, HEAD, discriminator_head, domain_scores
 from fedgo_flwr.strategies.dafkd import domain_aware_update as domain_aware_update_on
-from fedgo_flwr.teachers import server_autocast
-from fedgo_flwr.train import apply_in_batches
 from fedgo_flwr.weighting import domain_aware_weights
 
 
@@ -114,20 +112,9 @@ class DaFKD(EnsembleDistillation):
 
     def scores(self, models: list[ClientModel], nets: list[nn.Module], x: torch.Tensor,
                flip: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each client's class logits [K, N, C] and discriminator logits, logit D_k(x) (its
-        log-odds) [K, N], from one pass of its trunk: D_k is a head on its own latent layer."""
-        logits, log_odds, dev = [], [], self.setup.device
-        for m, net in zip(models, nets):
-            head = discriminator_head(net.latent_dim)
-            head.load_state_dict(self.heads[m.partition_id])
-            net.to(dev).eval()
-            head.to(dev)
-            with server_autocast(dev, self.setup.amp):
-                out = apply_in_batches(lambda xb: both_heads(net, head, xb), x, device=dev,
-                                       flip=flip)
-            logits.append(out[:, :-1])
-            log_odds.append(out[:, -1])
-        return torch.stack(logits), torch.stack(log_odds)
+        """Each client's class logits [K, N, C] and logit D_k(x) [K, N] (fedgo_flwr's)."""
+        return domain_scores(nets, [self.heads[m.partition_id] for m in models], x,
+                             flip=flip, device=self.setup.device, amp=self.setup.amp)
 
     def view_scores(self, models: list[ClientModel], nets: list[nn.Module], view: int,
                     samples: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -20,6 +20,7 @@ from flwr.serverapp.strategy import FedAvg, Result
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 from torch import nn
 
+from fedgo_flwr.seeds import client_seed
 from fedgo_flwr.train import resolve_device
 
 
@@ -77,6 +78,12 @@ def retyped(messages: Iterable[Message], message_type: str, arrays: dict[str, Ar
         out.append(Message(RecordDict({**content.array_records, **arrays, config_key: config}),
                            dst_node_id=m.metadata.dst_node_id, message_type=message_type))
     return out
+
+
+def message_seed(message: Message) -> int:
+    """This client's seed: the config's "seed" (0 without) made distinct by its node id."""
+    conf = message.content.config_records["config"]
+    return client_seed(int(conf.get("seed", 0)), message.metadata.dst_node_id % 100_000)
 
 
 class ServerUpdateFedAvg(FedAvg):

@@ -24,8 +24,8 @@ from fedgo_flwr.batches import augment, to_unit_range
 from fedgo_flwr.gan import draw_images
 from fedgo_flwr.inputs import labelled
 from fedgo_flwr.models import Generator
-from fedgo_flwr.seeds import client_seed, round_seed
-from fedgo_flwr.strategies.base import ClientModel, retyped
+from fedgo_flwr.seeds import round_seed
+from fedgo_flwr.strategies.base import ClientModel, message_seed, retyped
 from fedgo_flwr.strategies.ensemble import EnsembleDistillation
 from fedgo_flwr.teachers import server_autocast
 from fedgo_flwr.train import apply_in_batches, classifier_optimizer, minibatch_descent
@@ -198,20 +198,29 @@ class DaFKD(EnsembleDistillation):
         return aggregate_arrayrecords(parts, self.weighted_by_key).to_torch_state_dict()
 
     def scores(self, teachers, nets, u, samples, view):
-        """Each client's class logits [K, S, C] and logit D_k(x) [K, S] from one pass of its
-        trunk: D_k is a head on its own latent layer."""
-        logits, log_odds, dev = [], [], self.device
-        for m, net in zip(teachers, nets):
-            head = discriminator_head(net.latent_dim)
-            head.load_state_dict(m.extras[HEAD].to_torch_state_dict())
-            net.to(dev).eval()
-            head.to(dev)
-            with server_autocast(dev, dev.type == "cuda"):
-                out = apply_in_batches(lambda xb: both_heads(net, head, xb), u[samples],
-                                       device=dev, flip=view == 1)
-            logits.append(out[:, :-1])
-            log_odds.append(out[:, -1])
-        return torch.stack(logits), torch.stack(log_odds)
+        heads = [m.extras[HEAD].to_torch_state_dict() for m in teachers]
+        return domain_scores(nets, heads, u[samples], flip=view == 1, device=self.device,
+                             amp=self.device.type == "cuda")
+
+
+def domain_scores(nets: list[nn.Module], heads: list[dict[str, torch.Tensor]], x: torch.Tensor,
+                  *, flip: bool, device: torch.device, amp: bool
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each client's class logits [K, N, C] and logit D_k(x) [K, N] on images x (mirrored when
+    `flip`), from one pass of its trunk: D_k is a head (state dict in `heads`) on its own
+    latent layer."""
+    logits, log_odds = [], []
+    for net, state in zip(nets, heads):
+        head = discriminator_head(net.latent_dim)
+        head.load_state_dict(state)
+        net.to(device).eval()
+        head.to(device)
+        with server_autocast(device, amp):
+            out = apply_in_batches(lambda xb: both_heads(net, head, xb), x, device=device,
+                                   flip=flip)
+        logits.append(out[:, :-1])
+        log_odds.append(out[:, -1])
+    return torch.stack(logits), torch.stack(log_odds)
 
 
 # ---------------------------------------------------------------------------- client side
@@ -234,7 +243,7 @@ def domain_aware_update(message: Message, model: nn.Module, data, *,
     generator.load_state_dict(records[GENERATOR].to_torch_state_dict())
     trains_g = bool(conf["train-generator"])
     if seed is None:
-        seed = client_seed(int(conf.get("seed", 0)), message.metadata.dst_node_id % 100_000)
+        seed = message_seed(message)
     result = train_domain_aware(
         model, head, generator, x, y, epochs=int(conf.get("local-epochs", 1)),
         batch_size=int(conf.get("batch-size", 64)), lr=float(conf.get("lr", 1e-3)),

@@ -44,10 +44,10 @@ from fedgo_flwr.fusion import fuse, learn_fusion
 from fedgo_flwr.inputs import labelled
 from fedgo_flwr.models import GENERATOR_SIDES, ConditionalGenerator
 from fedgo_flwr.seeds import round_seed
-from fedgo_flwr.strategies.base import retyped
+from fedgo_flwr.strategies.base import message_seed, retyped
 from fedgo_flwr.strategies.label_counts import (LABEL_COUNTS, TRAINING, LabelCountFedAvg,
-                                                label_prior, message_seed, num_classes_of,
-                                                train_as_configured, trained_reply)
+                                                label_prior, num_classes_of, train_as_configured,
+                                                trained_reply)
 from fedgo_flwr.train import evaluate
 from fedgo_flwr.weighting import label_shares
 

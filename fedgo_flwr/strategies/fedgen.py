@@ -33,9 +33,9 @@ from fedgo_flwr.inputs import labelled
 from fedgo_flwr.models import FeatureGenerator
 from fedgo_flwr.seeds import round_seed
 from fedgo_flwr.strategies.dafkd import feature_space_problem
-from fedgo_flwr.strategies.label_counts import (LabelCountFedAvg, label_prior, message_seed,
-                                                num_classes_of, train_as_configured,
-                                                trained_reply)
+from fedgo_flwr.strategies.base import message_seed
+from fedgo_flwr.strategies.label_counts import (LabelCountFedAvg, label_prior, num_classes_of,
+                                                train_as_configured, trained_reply)
 from fedgo_flwr.weighting import label_shares
 
 TRAIN_FEDGEN = "train.fedgen"  # its clients' local step, not Flower's plain "train"

@@ -25,8 +25,8 @@ from fedgo_flwr.gan import (Negatives, calibrate_discriminator, generator_negati
                             image_negatives, log_odds, train_discriminator, train_wgan_gp)
 from fedgo_flwr.inputs import images_of
 from fedgo_flwr.models import Critic, Discriminator, Generator
-from fedgo_flwr.seeds import client_seed
-from fedgo_flwr.strategies.base import ClientModel, examples_problem, state_problem
+from fedgo_flwr.strategies.base import (ClientModel, examples_problem, message_seed,
+                                        state_problem)
 from fedgo_flwr.strategies.ensemble import EnsembleDistillation
 from fedgo_flwr.weighting import WEIGHTINGS
 
@@ -218,7 +218,7 @@ def discriminator_update(message: Message, data, *, device: str | torch.device =
     x = images_of(data)
     negatives = received_negatives(message, tuple(x.shape[1:]), bool(conf["flip"]), device)
     if seed is None:
-        seed = client_seed(int(conf["seed"]), message.metadata.dst_node_id % 100_000)
+        seed = message_seed(message)
     train, held_out = hold_out(x, float(conf["calibration-fraction"]), seed)
     torch.manual_seed(seed)
     discriminator = Discriminator(x.shape[1], x.shape[2], int(conf["discriminator-width"]))

@@ -17,7 +17,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.serverapp import Grid
 from torch import nn
 
-from fedgo_flwr.seeds import client_seed, round_seed
+from fedgo_flwr.seeds import round_seed
 from fedgo_flwr.strategies.base import ClientModel, ServerUpdateFedAvg, retyped
 from fedgo_flwr.train import train_classifier
 
@@ -110,12 +110,6 @@ class LabelCountFedAvg(ServerUpdateFedAvg):
 
 
 # ---------------------------------------------------------------------------- client side
-def message_seed(message: Message) -> int:
-    """This client's seed: the config's "seed" (0 without) made distinct by its node id."""
-    conf = message.content.config_records["config"]
-    return client_seed(int(conf.get("seed", 0)), message.metadata.dst_node_id % 100_000)
-
-
 def train_as_configured(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
                         conf: ConfigRecord, *, seed: int, device: torch.device,
                         extra_loss: Callable[[nn.Module], torch.Tensor] | None = None
