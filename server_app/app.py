@@ -1,5 +1,5 @@
-"""ServerApp: config -> data, models, strategy -> pre-FL stage (or a checkpoint) -> rounds,
-each checkpointed -> record and table."""
+"""ServerApp: config -> data, models, strategy -> Flower's `start` (the pre-FL stage, or a
+checkpoint's state, then the rounds, each checkpointed) -> record and table."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from fedgo_app.data import dataset, server_data, validation_data
 from fedgo_flwr.models import classifier_fits
 from fedgo_app.server import checkpoint
 from fedgo_app.server.record import RunRecord, format_table
-from fedgo_app.strategies import STRATEGIES, ServerSetup
+from fedgo_app.strategies import STRATEGIES, RoundGrid, ServerSetup
 from fedgo_flwr.train import device_name, resolve_device
 
 app = ServerApp()
@@ -90,27 +90,35 @@ def run(grid: Grid, cfg: Config) -> Path:
 
     strategy = STRATEGIES.server(setup, record)
     run_dir = cfg.results_path / run_name
+    strategy.discover(grid)  # node ids change between runs; partition ids do not
     if resumed:
-        strategy.discover(grid)  # node ids change between runs; partition ids do not
         strategy.load_state_dict(resumed["strategy"])
+        strategy.offset = resumed["round"]  # and the pre-FL stage is skipped
         arrays = ArrayRecord(resumed["model"])
-        first_round = resumed["round"] + 1
         record.data.setdefault("resumed", []).append(
             {"after_round": resumed["round"], "from": str(path),
              "at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
         checkpoint.set_rng_states(resumed["rng"])
         log(INFO, "resuming %s after round %d from %s", run_name, resumed["round"], path)
     else:
-        strategy.prepare(grid)
         arrays = strategy.initial_model()  # theta_s^0 (of each architecture): the seed alone
-        first_round = 1
 
-    def save(server_round: int, arrays: ArrayRecord) -> None:
-        checkpoint.save(run_dir, server_round, {
-            "model": arrays.to_torch_state_dict(), "strategy": strategy.state_dict(),
-            "record": record.snapshot()}, keep=cfg.checkpoint_keep)
+    def evaluate(flower_round: int, arrays: ArrayRecord):
+        """Flower's evaluate_fn: the round's evaluation, then its checkpoint."""
+        server_round = flower_round + strategy.offset
+        if flower_round == 0 and strategy.offset:
+            return None  # evaluated before its checkpoint
+        metrics = strategy.evaluate_round(server_round, arrays)
+        if server_round:
+            checkpoint.save(run_dir, server_round, {
+                "model": arrays.to_torch_state_dict(), "strategy": strategy.state_dict(),
+                "record": record.snapshot()}, keep=cfg.checkpoint_keep)
+        return metrics
 
-    final = strategy.run(grid, arrays, first_round, checkpoint=save)
+    result = strategy.start(grid=RoundGrid(strategy), initial_arrays=arrays,
+                            num_rounds=cfg.num_server_rounds - strategy.offset,
+                            timeout=cfg.round_timeout, evaluate_fn=evaluate)
+    final = result.arrays if result.arrays is not None else arrays
 
     path = record.finish(cfg.results_path)
     torch.save(final.to_torch_state_dict(), path.parent / "model.pt")

@@ -75,6 +75,7 @@ def test_fedgo_and_feddf_distil_on_the_same_generated_set(tiny_config, generator
         strategy_ = STRATEGIES.server(ServerSetup(cfg, u, test_x, test_y, 10,
                                                   torch.device("cpu")),
                                       RunRecord(cfg.to_run_config(), cfg.run_name))
+        strategy_.discover(grid)
         strategy_.prepare(grid)
         seen[strategy] = strategy_.u
     assert torch.equal(seen["fedgo"], expected) and torch.equal(seen["feddf"], expected)
@@ -107,6 +108,7 @@ def test_a_redrawn_set_is_new_each_round_and_fedgo_scores_it_after_a_resume(
                                  RunRecord(cfg.to_run_config(), name))
 
     first = strategy("first")
+    first.discover(grid)
     first.prepare(grid)
     first.redraw_distillation_set(2)
     expected = draw_images(g, 40, seed=round_seed(cfg.seed, 2), device=torch.device("cpu"))

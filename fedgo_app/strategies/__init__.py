@@ -1,7 +1,7 @@
 """The strategy registry: run-config `strategy` -> StrategySpec (server strategy, client
 handlers, declared keys). A new method is one module and one line here."""
 
-from fedgo_app.strategies.base import FEDAVG, FedAvgStrategy, ServerSetup
+from fedgo_app.strategies.base import FEDAVG, FedAvgStrategy, RoundGrid, ServerSetup
 from fedgo_app.strategies.dafkd import DAFKD
 from fedgo_app.strategies.fedbpg import FEDBPG
 from fedgo_app.strategies.feddf import FEDDF, FedDF
@@ -22,4 +22,4 @@ for spec in (
 ):
     STRATEGIES.register(spec)
 
-__all__ = ["STRATEGIES", "FedAvgStrategy", "FedDF", "FedGO", "ServerSetup", "StrategySpec"]
+__all__ = ["STRATEGIES", "FedAvgStrategy", "FedDF", "FedGO", "RoundGrid", "ServerSetup", "StrategySpec"]

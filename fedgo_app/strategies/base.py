@@ -1,11 +1,12 @@
-"""FedAvg as every strategy here starts: reproducible sampling over partition ids, replies
-checked one by one, n_k-weighted averaging, central evaluation, a run record, and the round
-loop with its checkpoints and its bookkeeping of nodes that go missing; and its clients
-(query, train, evaluate), whose handlers the other strategies reuse.
+"""FedAvg as every strategy here starts: the library's `ServerUpdateFedAvg` with reproducible
+sampling over partition ids, replies checked one by one, n_k-weighted averaging, central
+evaluation, a run record, and the bookkeeping of nodes that go missing (Flower's `start` runs
+the rounds, over a `RoundGrid`); and its clients (query, train, evaluate), whose handlers the
+other strategies reuse.
 
-Subclasses add a server update after the averaging (`server_update`), a pre-FL stage
+Subclasses add a server update after the averaging (`update_average`), a pre-FL stage
 (`prepare`), more to the train config (`train_config`), checks of their own replies
-(`reply_problem`, `train_extras`), and name what they carry from round to round (`carried`, checkpointed);
+(`why_left_out`, `train_extras`), and name what they carry from round to round (`carried`, checkpointed);
 they keep the rest.
 """
 
@@ -21,7 +22,6 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import FedAvg
 from torch import nn
 
 from fedgo_flwr.aggregation import aggregate, mean
@@ -31,6 +31,7 @@ from fedgo_app.client_context import Local, config_of, reply
 from fedgo_flwr.keys import ConfigError
 from fedgo_flwr.models import create_classifier, require_feature_space
 from fedgo_flwr.seeds import client_seed, round_seed
+from fedgo_flwr.strategies.base import ServerUpdateFedAvg
 from fedgo_app.server.clients import (MIN_CLIENTS, Client, ClientDirectory, classes_problem,
                                        config_record, discover_clients, query_nodes,
                                        sample_partitions)
@@ -104,8 +105,10 @@ def weighted_average(models: list[ClientModel], template: dict[str, torch.Tensor
     return mean([m.state for m in models], [m.num_examples for m in models], template)
 
 
-class FedAvgStrategy(FedAvg):
-    """FedAvg (McMahan et al.), the baseline every other strategy extends."""
+class FedAvgStrategy(ServerUpdateFedAvg):
+    """FedAvg (McMahan et al.), the baseline every other strategy extends: the library's
+    `ServerUpdateFedAvg` with the app's sampling, bookkeeping and records; Flower's `start`
+    runs its rounds."""
 
     has_ensemble = False
     # Clients of different architectures (fedgo_flwr/architectures.py): FedAvg and FedProx
@@ -121,12 +124,15 @@ class FedAvgStrategy(FedAvg):
 
     def __init__(self, setup: ServerSetup, record: RunRecord):
         cfg = setup.cfg
-        super().__init__(fraction_train=cfg.fraction_train, min_train_nodes=MIN_CLIENTS,
+        super().__init__(model_fn=setup.new_classifier, seed=cfg.seed, device=setup.device,
+                         fraction_train=cfg.fraction_train, min_train_nodes=MIN_CLIENTS,
                          min_available_nodes=1)
-        # No federated evaluation: `run` below never asks clients to evaluate. (Said after the
-        # constructor, which would warn about skipping a step of a loop we do not run.)
+        # Flower's client-side evaluation is off: personal-test-fraction asks the clients in
+        # `evaluate_round`, by partition. (Said after the constructor, which would warn.)
         self.fraction_evaluate, self.min_evaluate_nodes = 0.0, 0
         self.setup, self.cfg, self.record = setup, cfg, record
+        self.offset = 0  # rounds done before this `start` (a resumed run's)
+        self.current_round = 0  # the round being configured or aggregated (0: pre-FL)
         self.clients: ClientDirectory | None = None
         self.architectures: list[str] = [cfg.model]  # found at discovery
         self.mailbox: Mailbox | None = None
@@ -136,9 +142,14 @@ class FedAvgStrategy(FedAvg):
         self._sampled: dict[int, int] = {}  # node id -> partition id of this round
 
     # --- pre-FL
+    def pre_fl(self, grid: Grid, timeout: float) -> None:
+        """`start`'s pre-FL stage, skipped by a resumed run (its checkpoint holds what the
+        stage made)."""
+        if not self.offset:
+            self.prepare(grid)
+
     def prepare(self, grid: Grid) -> None:
-        """The pre-FL stage; FedAvg's only learns who the clients are."""
-        self.discover(grid)
+        """The pre-FL stage, once `discover` knows the clients; FedAvg has none."""
 
     def discover(self, grid: Grid) -> None:
         """Learn the clients (partition id, node id, n_k) before the first round."""
@@ -166,7 +177,10 @@ class FedAvgStrategy(FedAvg):
                                                         "partitions": liars}
             log(WARNING, "Byzantine clients: partitions %s (attack %s)", liars, cfg.attack)
         self.architectures = sorted({self.architecture(p) for p in self.clients.partition_ids})
-        if self.heterogeneous:
+        if self.heterogeneous:  # the global model is every architecture's, joined
+            with torch.random.fork_rng(devices=[]):
+                self.template = self.joined({a: self.setup.new_classifier(a).state_dict()
+                                             for a in self.architectures})
             self.record.data["clients"]["architectures"] = {
                 str(p): self.architecture(p) for p in self.clients.partition_ids}
             log(INFO, "architectures: %s", ", ".join(
@@ -213,28 +227,7 @@ class FedAvgStrategy(FedAvg):
     def asks_label_counts(self) -> bool:
         return self.needs_label_counts or (self.cfg.diagnostics and self.has_ensemble)
 
-    # --- the rounds
-    def run(self, grid: Grid, arrays: ArrayRecord, first_round: int = 1,
-            checkpoint: Callable[[int, ArrayRecord], None] | None = None) -> ArrayRecord:
-        """Rounds first_round..T as Flower's Strategy.start runs them (configure_train, send
-        and receive, aggregate_train, central evaluation; no client-side evaluation), with
-        `checkpoint(t, arrays)` after each round; returns the final global model."""
-        if first_round == 1:
-            self.evaluate_global(0, arrays)
-            self.evaluate_personal(0, arrays)
-        for t in range(first_round, self.cfg.num_server_rounds + 1):
-            log(INFO, "[ROUND %d/%d]", t, self.cfg.num_server_rounds)
-            self.refresh(grid, t)
-            replies = self.exchange(self.configure_train(t, arrays, ConfigRecord(), grid),
-                                    self._sampled, f"round {t}: client training", t)
-            new, _ = self.aggregate_train(t, replies)
-            arrays = new if new is not None else arrays
-            self.evaluate_global(t, arrays)
-            self.evaluate_personal(t, arrays)
-            if checkpoint is not None:
-                checkpoint(t, arrays)
-        return arrays
-
+    # --- the rounds: Flower's `start` runs them over a RoundGrid (server_app.run)
     def exchange(self, messages: Iterable[Message], expected: dict[int, int], what: str,
                  server_round: int) -> list[Message]:
         """Send and wait up to round-timeout, logging each reply by partition id as it comes
@@ -316,6 +309,9 @@ class FedAvgStrategy(FedAvg):
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
+        """Flower's round `server_round` of this `start` is the run's round offset + it."""
+        server_round = self.current_round = server_round + self.offset
+        self.refresh(grid, server_round)
         pids = sample_partitions(self.clients.partition_ids, self.cfg.fraction_train,
                                  self.cfg.seed, server_round, frozenset(self.absent))
         self._sampled = {self.clients.by_partition[p].node_id: p for p in pids}
@@ -341,7 +337,7 @@ class FedAvgStrategy(FedAvg):
         return [Message(contents[self.architecture(p)], dst_node_id=n, message_type="train")
                 for n, p in self._sampled.items()]
 
-    def reply_problem(self, reply: Message, array_key: str, template: dict[str, torch.Tensor],
+    def why_left_out(self, reply: Message, array_key: str, template: dict[str, torch.Tensor],
                       extras: dict[str, dict[str, torch.Tensor]] | None = None) -> str | None:
         """Why a reply cannot be used, or None; strategies add checks of what they send."""
         return reply_problem(reply, array_key, template, extras) or (
@@ -382,7 +378,7 @@ class FedAvgStrategy(FedAvg):
             node = self.mailbox.node_of(reply)
             pid = expected.get(node)
             why = ("not asked this round" if pid is None else "duplicate reply" if pid in seen
-                   else self.reply_problem(reply, array_key, template(pid) if callable(template)
+                   else self.why_left_out(reply, array_key, template(pid) if callable(template)
                                            else template, extras))
             if why:
                 log(WARNING, "rejected reply from node %d (partition %s): %s", node, pid, why)
@@ -403,6 +399,7 @@ class FedAvgStrategy(FedAvg):
 
     def aggregate_train(self, server_round: int,
                         replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        server_round = self.current_round = server_round + self.offset
         replies = list(replies)
         self.record.time("client_training", time.perf_counter() - self._sent_at, server_round)
         self.record.sent("main_fl", "up", payload_bytes(replies), server_round)
@@ -458,7 +455,7 @@ class FedAvgStrategy(FedAvg):
         self.record.time("aggregation", time.perf_counter() - start, server_round)
         state = (self.joined(self.update_architectures(server_round, averaged, models))
                  if self.heterogeneous else
-                 self.server_update(server_round, averaged[self.architectures[0]], models))
+                 self.update_average(server_round, averaged[self.architectures[0]], models))
         reported = [m for m in models if isinstance(m.metrics.get("train-loss"), (int, float))]
         loss = (sum(m.num_examples * m.metrics["train-loss"] for m in reported)
                 / sum(m.num_examples for m in reported)) if reported else float("nan")
@@ -468,7 +465,7 @@ class FedAvgStrategy(FedAvg):
         entry["client_seconds"] = sum(float(m.metrics.get("train-seconds", 0.0)) for m in models)
         return ArrayRecord(state), MetricRecord({"train-loss": loss})
 
-    def server_update(self, server_round: int, averaged: dict[str, torch.Tensor],
+    def update_average(self, server_round: int, averaged: dict[str, torch.Tensor],
                       models: list[ClientModel]) -> dict[str, torch.Tensor]:
         """What the server does after averaging; FedAvg keeps the average."""
         return averaged
@@ -494,6 +491,13 @@ class FedAvgStrategy(FedAvg):
                 setattr(self, name, state[name])
 
     # --- central evaluation (after each round, and for round 0)
+    def evaluate_round(self, server_round: int, arrays: ArrayRecord) -> MetricRecord:
+        """The global model on the test split and, with personal-test-fraction, on the
+        clients' own (Flower's `evaluate_fn`, given the run's round)."""
+        metrics = self.evaluate_global(server_round, arrays)
+        self.evaluate_personal(server_round, arrays)
+        return metrics
+
     def test_metrics(self, state: dict[str, torch.Tensor],
                      architecture: str = "") -> tuple[float, float]:
         """Test accuracy and loss of the classifier with these weights on the test split."""
@@ -561,6 +565,28 @@ class FedAvgStrategy(FedAvg):
             log(INFO, "round %d: personalised test accuracy %.4f (%d clients)", server_round,
                 entry["personalised_test_acc"], len(scores))
         self.record.time("personal_evaluation", time.perf_counter() - start, server_round)
+
+
+class RoundGrid:
+    """The grid Flower's `start` sends through: the strategy's mailbox, each reply logged by
+    partition as it comes, and replies that miss their wait kept for the next round."""
+
+    def __init__(self, strategy: FedAvgStrategy):
+        self.strategy = strategy
+
+    def get_node_ids(self) -> list[int]:
+        return list(self.strategy.mailbox.grid.get_node_ids())
+
+    def send_and_receive(self, messages: Iterable[Message], timeout: float) -> list[Message]:
+        messages, s = list(messages), self.strategy
+        if not messages:
+            return []
+        expected = {m.metadata.dst_node_id: s.clients.partition_of(m.metadata.dst_node_id)
+                    for m in messages}
+        kind = messages[0].metadata.message_type
+        what = "client training" if kind == "train" else kind
+        stage = f"round {s.current_round}" if s.current_round else "pre-FL"
+        return s.exchange(messages, expected, f"{stage}: {what}", s.current_round)
 
 
 # ---------------------------------------------------------------------------- client side

@@ -93,7 +93,7 @@ class DaFKD(EnsembleDistillation):
             need[GENERATOR] = self.generator.state_dict()
         return need
 
-    def server_update(self, server_round: int, averaged: dict[str, torch.Tensor],
+    def update_average(self, server_round: int, averaged: dict[str, torch.Tensor],
                       models: list[ClientModel]) -> dict[str, torch.Tensor]:
         self.heads = {m.partition_id: m.extras[HEAD] for m in models}
         self.head.load_state_dict(self.average(models, HEAD, self.head))
@@ -102,7 +102,7 @@ class DaFKD(EnsembleDistillation):
         # the round's distillation set: |U| images of the global G
         self.u = draw_images(self.generator, self.size, round_seed(self.cfg.seed, server_round),
                              self.setup.device)
-        return super().server_update(server_round, averaged, models)
+        return super().update_average(server_round, averaged, models)
 
     @staticmethod
     def average(models: list[ClientModel], key: str, net: nn.Module) -> dict:

@@ -78,8 +78,8 @@ class EnsembleDistillation(FedAvgStrategy):
         return self.cfg.distill_set == "generated" and self.draws_distillation_set
 
     def prepare(self, grid) -> None:
-        """The pre-FL stage: the clients, and with `distill-set = generated` the distillation
-        set, `distill-size` images drawn from G once (seeded)."""
+        """The pre-FL stage: with `distill-set = generated` the distillation set,
+        `distill-size` images drawn from G once (seeded)."""
         super().prepare(grid)
         self._grid = grid
         if self.generated_set:
@@ -191,7 +191,7 @@ class EnsembleDistillation(FedAvgStrategy):
         return {**info, "distill_steps": len(batches), "distill_lr": lr}
 
     # --- the shared round
-    def server_update(self, server_round: int, averaged: dict[str, torch.Tensor],
+    def update_average(self, server_round: int, averaged: dict[str, torch.Tensor],
                       models: list[ClientModel]) -> dict[str, torch.Tensor]:
         (arch,) = self.architectures
         return self.update_architectures(server_round, {arch: averaged}, models)[arch]

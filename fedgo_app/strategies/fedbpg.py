@@ -123,7 +123,7 @@ class FedBPG(FedAvgStrategy):
         self.retained_x = torch.empty(0, c, h, w)  # the pseudo-data kept for the next round
         self.retained_y = torch.empty(0, dtype=torch.long)
 
-    def server_update(self, server_round: int, averaged: dict[str, torch.Tensor],
+    def update_average(self, server_round: int, averaged: dict[str, torch.Tensor],
                       models: list[ClientModel]) -> dict[str, torch.Tensor]:
         entry = self.record.round(server_round)
         alphas = [m.metrics[FUSION_ALPHA] for m in models

@@ -96,7 +96,7 @@ class FedGen(FedAvgStrategy):
                          "hidden-dim": keys.hidden_dim})
         return conf
 
-    def server_update(self, server_round: int, averaged: dict[str, torch.Tensor],
+    def update_average(self, server_round: int, averaged: dict[str, torch.Tensor],
                       models: list[ClientModel]) -> dict[str, torch.Tensor]:
         counts = torch.tensor([m.metrics[LABEL_COUNTS] for m in models], dtype=torch.float64)
         self.prior = label_prior(counts)

@@ -140,9 +140,9 @@ class FedGO(EnsembleDistillation):
                 str(p): list(cal) for p, (_, cal) in discriminators.items()}
         return discriminators
 
-    def reply_problem(self, reply: Message, array_key: str, template: dict[str, torch.Tensor],
+    def why_left_out(self, reply: Message, array_key: str, template: dict[str, torch.Tensor],
                       extras: dict[str, dict[str, torch.Tensor]] | None = None) -> str | None:
-        why = super().reply_problem(reply, array_key, template, extras)
+        why = super().why_left_out(reply, array_key, template, extras)
         if why or array_key != "discriminator" or not self.calibrated:
             return why
         metrics = reply.content.metric_records["metrics"]
@@ -197,7 +197,7 @@ class FedGO(EnsembleDistillation):
         why = ("its partition has one already" if pid in self.row
                else "the odds screen is on: it needs every discriminator in the pre-FL stage"
                if self.cfg.discriminator_screen != "none"
-               else self.reply_problem(reply, "discriminator", template))
+               else self.why_left_out(reply, "discriminator", template))
         if why:
             log(WARNING, "late discriminator of partition %d left out: %s", pid, why)
             return False

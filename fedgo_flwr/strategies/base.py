@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import cached_property
 from logging import INFO, WARNING
 
 import torch
@@ -115,8 +116,13 @@ class ServerUpdateFedAvg(FedAvg):
         self.model_fn, self.seed = model_fn, seed
         self.device = resolve_device(str(device)) if device is not None else resolve_device()
         self.aggregate_fn = aggregate_fn or aggregate_arrayrecords
-        self.template = model_fn().state_dict()
         self.num_rounds = 1  # set by start(): a schedule's T
+
+    @cached_property
+    def template(self) -> dict[str, torch.Tensor]:
+        """The global model's arrays (names, shapes): what a reply's model must match."""
+        with torch.random.fork_rng(devices=[]):  # leaves the caller's random state as it was
+            return self.model_fn().state_dict()
 
     # --- the run
     def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3,
