@@ -148,7 +148,8 @@ def test_a_missing_node_is_named_dropped_after_a_missed_round_and_rejoins(tiny_c
     assert rounds[4]["clients"] == [0, 1, 2, 3]  # 1 rejoined
     assert all(r["replies"]["usable"] == len(r["clients"]) - len(r["replies"]["missing"])
                for r in rounds.values() if r["round"] > 0)
-    # 3 trains but has no discriminator: the odds ensemble weights the other three.
+    # 3 had no discriminator: it was asked for one when it joined, and it joined the odds
+    assert record["pre_fl"]["joined_late"] == [3]
     assert rounds[4]["ensemble_test_acc"] > 0
 
 

@@ -3,6 +3,9 @@ back its discriminator D_k (Algorithm 3, the client handler `train.discriminator
 FedAvg rounds each followed by ensemble distillation on U with the odds weights
 w_k(u) = n_k Phi_k(u) / sum_i n_i Phi_i(u).
 
+A partition first seen after the pre-FL stage is asked for its D_k when it joins, and a D_k
+that comes after the stage's wait joins the odds when it comes.
+
 Beyond the paper, behind keys whose defaults are the paper's: a sample of U instead of G as
 the discriminators' negatives (`discriminator-negatives`), and Platt-calibrated odds without
 the cap e (`discriminator-calibration`)."""
@@ -63,6 +66,8 @@ class FedGO(EnsembleDistillation):
         self.cached_u_log_odds = torch.empty(0)  # [K, V, |U|]
         self.cached_test_log_odds = torch.empty(0)  # [K, |test|]
         self.calibrated = cfg.calibrated_odds
+        self.request: RecordDict | None = None  # what the pre-FL stage sent (G and config)
+        self.asked: set[int] = set()  # partitions that were sent it
         if cfg.discriminator_negatives == "generator" and cfg.generator_source == "train-on-u":
             generator_fits(setup.image_shape[1], cfg.dataset)
 
@@ -102,8 +107,9 @@ class FedGO(EnsembleDistillation):
                                discriminator_width=cfg.discriminator_width,
                                calibration_fraction=cfg.calibration_fraction
                                if self.calibrated else 0.0)
-        content = RecordDict({kind: arrays, "config": config})
+        content = self.request = RecordDict({kind: arrays, "config": config})
         expected = {c.node_id: p for p, c in self.clients.by_partition.items()}
+        self.asked.update(expected.values())
         log(INFO, "pre-FL: sending the %s to %d clients for %d discriminator epoch(s)",
             kind, len(expected), cfg.discriminator_epochs)
         self.record.sent("pre_fl", "down", arrays.count_bytes() * len(expected))
@@ -253,6 +259,31 @@ class FedGO(EnsembleDistillation):
             self.discriminators[p] = (d.eval(), cal)
 
     # ------------------------------------------------------------------ main FL
+    def configure_train(self, server_round, arrays, config, grid):
+        messages = super().configure_train(server_round, arrays, config, grid)
+        self.ask_newcomers(self.current_round)
+        return messages
+
+    def ask_newcomers(self, server_round: int) -> None:
+        """A partition first seen after the pre-FL stage is sent what the stage sent (G)
+        now, without waiting: its D_k joins the odds when it comes (`late_reply`). A resumed
+        run, or one with the odds screen, asks none."""
+        new = [p for p in self.clients.partition_ids if p not in self.asked]
+        if not new or self.request is None or self.cfg.discriminator_screen != "none":
+            return
+        self.asked.update(new)
+        expected = {self.clients.by_partition[p].node_id: p for p in new}
+        log(INFO, "round %d: partitions %s joined after the pre-FL stage: asking for their "
+            "discriminators", server_round, new)
+        self.record.sent("pre_fl", "down", payload_bytes([self.request]) * len(new))
+        replies = self.mailbox.send_and_receive(
+            [Message(self.request, dst_node_id=n, message_type=TRAIN_DISCRIMINATOR)
+             for n in expected], timeout=0.0, server_round=0)
+        for reply in replies:  # those that answered at once; the others come as late replies
+            pid = expected.get(self.mailbox.node_of(reply))
+            if pid is not None and not reply.has_error():
+                self.late_reply(pid, 0, reply)
+
     def teachers(self, models: list[ClientModel]) -> list[ClientModel]:
         return [m for m in models if m.partition_id in self.row]
 
