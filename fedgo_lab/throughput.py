@@ -38,7 +38,7 @@ def train_once(model: torch.nn.Module, x, y, epochs: int,
     """Seconds and final training loss of `epochs` local epochs."""
     start = time.perf_counter()
     info = train_classifier(model, x, y, epochs=epochs, batch_size=64, lr=1e-3, flip=True,
-                            seed=0, device=torch.device("cpu"), channels_last=channels_last)
+                            seed=0, device=torch.device("cpu"), channels_last_format=channels_last)
     return time.perf_counter() - start, info["train-loss"]
 
 

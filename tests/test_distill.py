@@ -127,3 +127,32 @@ def test_the_optimizer_key_chooses_adam_or_sgd_with_momentum():
             optimizer="sgd")
     expected = reference.fc2.weight - 0.1 * reference.fc2.weight.grad
     torch.testing.assert_close(student.fc2.weight, expected)
+
+
+def test_the_channels_last_student_learns_what_the_contiguous_one_does(monkeypatch):
+    """The speed-up's format changes the sums' order only: after a pass of distillation the
+    two students' weights agree to float noise, and the student comes back contiguous."""
+    import fedgo_flwr.distill as module
+    torch.manual_seed(0)
+    u = torch.randint(0, 256, (256, 1, 28, 28), dtype=torch.uint8)
+    targets = torch.softmax(torch.randn(2, 256, 10) * 3, -1)
+    batches = draw_batches(256, 2, epochs=1, batch_size=64, seed=0)
+    students = {}
+    for fast in (True, False):
+        monkeypatch.setattr(module, "CHANNELS_LAST", fast)
+        torch.manual_seed(1)
+        students[fast] = CNN()
+        distill(students[fast], u, targets, lr=1e-3, device=torch.device("cpu"),
+                batches=batches)
+    # Adam's normalised step can turn a noise-sized gradient into a step of up to lr: a few
+    # weights may differ by a fraction of one step (lr = 1e-3), the rest by rounding
+    for name, w in students[True].state_dict().items():
+        assert w.is_contiguous(), name
+        diff = (w - students[False].state_dict()[name]).abs()
+        assert diff.max() < 1e-4 and (diff > 1e-5).float().mean() < 1e-4, name
+    x = u.float() / 127.5 - 1
+    with torch.no_grad():
+        torch.testing.assert_close(students[True](x), students[False](x), atol=1e-3, rtol=0)
+    moved = max((w - CNN().state_dict()[n]).abs().max().item()
+                for n, w in students[False].state_dict().items())
+    assert moved > 1e-3  # the students did learn: the agreement is not of untouched weights

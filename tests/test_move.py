@@ -26,18 +26,26 @@ KEYS = ("server_test_acc", "server_test_loss", "ensemble_test_acc", "ensemble_te
 
 
 def per_round(name: str, data_dir: Path, results: Path) -> dict:
+    import fedgo_flwr.distill
     from client_app.app import app as client_app
     from fedgo_app.config import Config
     from fedgo_lab.inprocess import InProcessGrid
     from server_app.app import run
     import torch
     torch.set_num_threads(1)
+    # The student's memory format as before the move (a near-tie model turns that float noise
+    # into answers: test_distill checks the two formats agree to float noise)
     cfg = Config().replace(
         data_dir=str(data_dir), results_dir=str(results), run_name=name, num_server_rounds=3,
         fraction_train=0.5, local_epochs=1, server_epochs=1, generator_steps=2,
         discriminator_epochs=1, distill_size=0, test_size=0, generator_width=8,
         discriminator_width=8, alpha=0.5, generator_cache=False, **RUNS[name])
-    record = json.loads(run(InProcessGrid(client_app, cfg.to_run_config(), 4), cfg).read_text())
+    fedgo_flwr.distill.CHANNELS_LAST = False
+    try:
+        record = json.loads(run(InProcessGrid(client_app, cfg.to_run_config(), 4),
+                                cfg).read_text())
+    finally:
+        fedgo_flwr.distill.CHANNELS_LAST = True
     return {str(r["round"]): {k: r[k] for k in KEYS if k in r} for r in record["rounds"]}
 
 

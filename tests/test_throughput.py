@@ -33,6 +33,6 @@ def test_training_in_channels_last_hands_back_a_contiguous_model_of_the_same_fit
         model = copy.deepcopy(start)
         fits[channels_last] = train_classifier(
             model, x, y, epochs=1, batch_size=64, lr=1e-3, flip=True, seed=0,
-            device=torch.device("cpu"), channels_last=channels_last)["train-loss"]
+            device=torch.device("cpu"), channels_last_format=channels_last)["train-loss"]
         assert all(t.is_contiguous() for t in model.state_dict().values())
     assert abs(fits[True] - fits[False]) < 1e-3
