@@ -338,7 +338,7 @@ class FedAvgStrategy(ServerUpdateFedAvg):
                 for n, p in self._sampled.items()]
 
     def why_left_out(self, reply: Message, array_key: str, template: dict[str, torch.Tensor],
-                      extras: dict[str, dict[str, torch.Tensor]] | None = None) -> str | None:
+                     extras: dict[str, dict[str, torch.Tensor]] | None = None) -> str | None:
         """Why a reply cannot be used, or None; strategies add checks of what they send."""
         return reply_problem(reply, array_key, template, extras) or (
             label_counts_problem(reply.content.metric_records["metrics"], self.setup.num_classes)
@@ -379,7 +379,7 @@ class FedAvgStrategy(ServerUpdateFedAvg):
             pid = expected.get(node)
             why = ("not asked this round" if pid is None else "duplicate reply" if pid in seen
                    else self.why_left_out(reply, array_key, template(pid) if callable(template)
-                                           else template, extras))
+                                          else template, extras))
             if why:
                 log(WARNING, "rejected reply from node %d (partition %s): %s", node, pid, why)
                 if pid is not None and pid not in seen:
@@ -466,7 +466,7 @@ class FedAvgStrategy(ServerUpdateFedAvg):
         return ArrayRecord(state), MetricRecord({"train-loss": loss})
 
     def update_average(self, server_round: int, averaged: dict[str, torch.Tensor],
-                      models: list[ClientModel]) -> dict[str, torch.Tensor]:
+                       models: list[ClientModel]) -> dict[str, torch.Tensor]:
         """What the server does after averaging; FedAvg keeps the average."""
         return averaged
 

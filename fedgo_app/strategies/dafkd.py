@@ -94,7 +94,7 @@ class DaFKD(EnsembleDistillation):
         return need
 
     def update_average(self, server_round: int, averaged: dict[str, torch.Tensor],
-                      models: list[ClientModel]) -> dict[str, torch.Tensor]:
+                       models: list[ClientModel]) -> dict[str, torch.Tensor]:
         self.heads = {m.partition_id: m.extras[HEAD] for m in models}
         self.head.load_state_dict(self.average(models, HEAD, self.head))
         if self.trains_generator(server_round):

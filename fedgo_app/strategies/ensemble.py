@@ -192,7 +192,7 @@ class EnsembleDistillation(FedAvgStrategy):
 
     # --- the shared round
     def update_average(self, server_round: int, averaged: dict[str, torch.Tensor],
-                      models: list[ClientModel]) -> dict[str, torch.Tensor]:
+                       models: list[ClientModel]) -> dict[str, torch.Tensor]:
         (arch,) = self.architectures
         return self.update_architectures(server_round, {arch: averaged}, models)[arch]
 

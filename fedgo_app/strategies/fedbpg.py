@@ -124,7 +124,7 @@ class FedBPG(FedAvgStrategy):
         self.retained_y = torch.empty(0, dtype=torch.long)
 
     def update_average(self, server_round: int, averaged: dict[str, torch.Tensor],
-                      models: list[ClientModel]) -> dict[str, torch.Tensor]:
+                       models: list[ClientModel]) -> dict[str, torch.Tensor]:
         entry = self.record.round(server_round)
         alphas = [m.metrics[FUSION_ALPHA] for m in models
                   if isinstance(m.metrics.get(FUSION_ALPHA), float)]

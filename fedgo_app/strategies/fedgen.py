@@ -97,7 +97,7 @@ class FedGen(FedAvgStrategy):
         return conf
 
     def update_average(self, server_round: int, averaged: dict[str, torch.Tensor],
-                      models: list[ClientModel]) -> dict[str, torch.Tensor]:
+                       models: list[ClientModel]) -> dict[str, torch.Tensor]:
         counts = torch.tensor([m.metrics[LABEL_COUNTS] for m in models], dtype=torch.float64)
         self.prior = label_prior(counts)
         label_weights = label_shares(counts)  # lambda_k^y

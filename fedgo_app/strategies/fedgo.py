@@ -147,7 +147,7 @@ class FedGO(EnsembleDistillation):
         return discriminators
 
     def why_left_out(self, reply: Message, array_key: str, template: dict[str, torch.Tensor],
-                      extras: dict[str, dict[str, torch.Tensor]] | None = None) -> str | None:
+                     extras: dict[str, dict[str, torch.Tensor]] | None = None) -> str | None:
         why = super().why_left_out(reply, array_key, template, extras)
         if why or array_key != "discriminator" or not self.calibrated:
             return why
