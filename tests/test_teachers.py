@@ -2,6 +2,7 @@ import copy
 
 import pytest
 import torch
+from torch import nn
 
 from fedgo_flwr.models import Discriminator, create_classifier
 from fedgo_flwr.teachers import teacher_logits
@@ -106,3 +107,22 @@ def test_perf_command_prints_both_sections(tiny_data_dir):
     bad = subprocess.run([sys.executable, "-m", "fedgo_lab.perf", "--config", "alpha=oops"],
                          cwd=REPO, capture_output=True, text=True)
     assert bad.returncode == 2 and "--config" in bad.stderr
+
+
+def test_a_model_that_views_a_convolution_output_is_told_how_to_run_channels_last():
+    """The server runs models in the channels-last format; a forward that `.view`s a
+    convolution's output cannot, and the error says what to change, not only PyTorch's."""
+    class Viewing(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.fc = nn.Conv2d(1, 4, 3, padding=1), nn.Linear(4 * 28 * 28, 10)
+
+        def forward(self, x):
+            h = self.conv(x)
+            return self.fc(h.view(h.size(0), -1))
+
+    x = torch.randint(0, 256, (3, 1, 28, 28), dtype=torch.uint8)
+    net = Viewing()
+    with pytest.raises(RuntimeError, match=r"Viewing cannot run in the channels-last .*flatten"):
+        predict_logits(net, x, device=torch.device("cpu"))
+    assert net.conv.weight.is_contiguous()  # handed back as it came
