@@ -22,11 +22,11 @@ import tomllib
 from pathlib import Path
 
 from fedgo_lab.cli import add_config_flag, config_from
+from fedgo_lab.perf import STAGES
 
 REPO = Path(__file__).resolve().parent.parent
 PRESETS = {"fedgo-cal": REPO / "conf" / "fedgo-calibrated.toml"}
 PRE_FL = ("generator_training", "discriminator_training", "odds")
-STAGES = ("client_training", "aggregation", "pseudo_labelling", "distillation", "evaluation")
 
 
 def settings(name: str) -> dict:

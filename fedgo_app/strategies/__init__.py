@@ -22,4 +22,5 @@ for spec in (
 ):
     STRATEGIES.register(spec)
 
-__all__ = ["STRATEGIES", "FedAvgStrategy", "FedDF", "FedGO", "RoundGrid", "ServerSetup", "StrategySpec"]
+__all__ = ["STRATEGIES", "FedAvgStrategy", "FedDF", "FedGO", "RoundGrid", "ServerSetup",
+           "StrategySpec"]

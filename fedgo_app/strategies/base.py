@@ -6,8 +6,8 @@ other strategies reuse.
 
 Subclasses add a server update after the averaging (`update_average`), a pre-FL stage
 (`prepare`), more to the train config (`train_config`), checks of their own replies
-(`why_left_out`, `train_extras`), and name what they carry from round to round (`carried`, checkpointed);
-they keep the rest.
+(`why_left_out`, `train_extras`), and name what they carry from round to round (`carried`,
+checkpointed); they keep the rest.
 """
 
 from __future__ import annotations
@@ -584,7 +584,7 @@ class RoundGrid:
         expected = {m.metadata.dst_node_id: s.clients.partition_of(m.metadata.dst_node_id)
                     for m in messages}
         kind = messages[0].metadata.message_type
-        what = "client training" if kind == "train" else kind
+        what = "client training" if kind.split(".")[0] == "train" else kind  # DaFKD: train.dafkd
         stage = f"round {s.current_round}" if s.current_round else "pre-FL"
         return s.exchange(messages, expected, f"{stage}: {what}", s.current_round)
 
