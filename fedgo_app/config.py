@@ -23,7 +23,7 @@ from fedgo_flwr.architectures import parse_client_models
 from fedgo_app.attacks import ATTACKS, COLLUDING, byzfl_problem, well_formed_ids
 from fedgo_flwr.defences import SCREENS
 from fedgo_app.data import DATASETS, PARTITIONERS, dataset_name_problem
-from fedgo_flwr.distill import DISTILL_SETS, ENSEMBLE_SPACES, GUARDS
+from fedgo_flwr.distill import DISTILL_SETS, ENSEMBLE_SPACES, GUARDS, VIEW_DRAWS
 from fedgo_flwr.gan import CALIBRATIONS, NEGATIVES
 from fedgo_app.generators import GENERATOR_SOURCES
 from fedgo_flwr.keys import (AT_LEAST_ONE, FRACTION, NON_NEGATIVE, POSITIVE, Allowed,
@@ -247,6 +247,24 @@ class Config:
         "model on their own data, and the server keeps the distilled one only if its "
         "n_k-weighted accuracy is higher (one more exchange a round; the server still reads no "
         "label; not in the papers)", OneOf(GUARDS), ("distillation",))
+    teacher_floor: bool = key(False, "the round's averaged model as the floor of its teacher: "
+                              "on an image where it is surer than the ensemble (a higher top "
+                              "probability) its own prediction is the pseudo-label; not in the "
+                              "papers", groups=("distillation",))
+    confidence_threshold: float = key(0.0, "distil only on the images whose pseudo-label's top "
+                                      "probability is at least this (fewer images a step, the "
+                                      "same steps); 0 = every image, the papers",
+                                      Allowed("in [0, 1)", lambda v: 0 <= v < 1),
+                                      ("distillation",))
+    view_draw: str = key("per-pass", "with flip: each image's view (as is or mirrored) in the "
+                         "distillation's minibatches, drawn anew in every pass (per-pass, up to "
+                         "both views labelled a round) or once a round (per-round: the teachers "
+                         "label |U| images, half the work at server-epochs >= 2; not in the "
+                         "papers)", OneOf(VIEW_DRAWS), ("distillation",))
+    ensemble_test: bool = key(True, "score the weighted ensemble on the test split every round "
+                              "(ensemble_test_acc beside the server model's; always with "
+                              "diagnostics); false saves the teachers' test forwards, which no "
+                              "algorithm reads", groups=("distillation",))
     ensemble_space: str = key("logits", "where the weights mix the clients: logits "
                               "(Algorithm 2) or probabilities (Theorem 3.4)",
                               OneOf(ENSEMBLE_SPACES), ("distillation",))

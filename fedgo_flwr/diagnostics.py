@@ -14,7 +14,7 @@ from functools import partial
 
 import torch
 
-from fedgo_flwr.distill import ENSEMBLE_SPACES, ensemble_log_probs
+from fedgo_flwr.distill import ENSEMBLE_SPACES, ensemble_log_probs, floored
 from fedgo_flwr.train import accuracy_and_loss
 from fedgo_flwr.weighting import (NEEDS_DISCRIMINATORS, NEEDS_LABEL_COUNTS, WEIGHTINGS,
                                   WeightRule, class_count_ensemble_weights,
@@ -25,6 +25,8 @@ from fedgo_flwr.weighting import (NEEDS_DISCRIMINATORS, NEEDS_LABEL_COUNTS, WEIG
 ODDS_BETAS = (2, 4, 8)
 # Phi within 1 % of its cap e counts as saturated.
 NEAR_CAP = 0.99 * math.e
+# The confidence thresholds at which lasting_diagnostics scores the ensemble's sure labels.
+CONFIDENCE_LEVELS = (0.5, 0.8, 0.9, 0.95)
 ORACLE = "label-oracle"
 # Recovers D_k's logit from the paper's capped odds: meaningless on calibrated odds.
 UNSQUASHED = "odds-unsquashed"
@@ -121,3 +123,31 @@ def ensemble_diagnostics(logits: torch.Tensor, log_odds: torch.Tensor | None,
     if log_odds is not None:
         out["phi"] = phi_stats(log_odds)
     return out
+
+
+def lasting_diagnostics(ensemble_log_probs: torch.Tensor, averaged_logits: torch.Tensor,
+                        labels: torch.Tensor) -> dict:
+    """What the options that keep FedGO's lead (issue 46) would do with one round's teacher
+    on labelled images: log y~ [N, C] of the run's own rule, the averaged model's logits
+    [N, C], labels [N].
+
+    Returns 'floor' (teacher-floor): the floored teacher's acc and loss and the share of images
+    where the averaged model keeps its own label; 'confident' (confidence-threshold): for each
+    of CONFIDENCE_LEVELS the share of images kept and the ensemble's and the averaged model's
+    accuracy on them."""
+    acc, loss = accuracy_and_loss(floored(ensemble_log_probs, averaged_logits), labels)
+    own = torch.log_softmax(averaged_logits, -1)
+    surer = own.max(-1).values > ensemble_log_probs.max(-1).values
+    top, predicted = ensemble_log_probs.exp().max(-1)
+    right = predicted == labels
+    averaged_right = own.argmax(-1) == labels
+    confident = {}
+    for level in CONFIDENCE_LEVELS:
+        kept = top >= level
+        confident[f"{level:g}"] = {
+            "kept": kept.float().mean().item(),
+            "acc": right[kept].float().mean().item() if kept.any() else float("nan"),
+            "averaged_acc": (averaged_right[kept].float().mean().item() if kept.any()
+                             else float("nan"))}
+    return {"floor": {"acc": acc, "loss": loss, "own_share": surer.float().mean().item()},
+            "confident": confident}

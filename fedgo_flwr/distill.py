@@ -28,6 +28,11 @@ CHANNELS_LAST = True
 # Who decides whether the distilled model replaces the averaged one: nobody (the papers) or
 # clients that did not train this round, on their own labelled data.
 GUARDS = ("none", "clients")
+# How the distillation's minibatches take a view of each image (as is or mirrored): a new
+# random view in every pass (per-pass: up to both views of an image are met, and labelled, in
+# a round) or one random view per image for the whole round (per-round: the teachers label
+# |U| images a round, half the work at E_s >= 2; every view is still met across rounds).
+VIEW_DRAWS = ("per-pass", "per-round")
 
 
 def ensemble_log_probs(client_logits: torch.Tensor, weights: torch.Tensor,
@@ -51,14 +56,16 @@ def pseudo_labels(client_logits: torch.Tensor, weights: torch.Tensor,
 
 
 def view_pseudo_labels(scores_of_view, num_u: int, n_k: torch.Tensor, rule,
-                       batches: list[torch.Tensor], *, views: int,
-                       space: str = "logits") -> torch.Tensor:
+                       batches: list[torch.Tensor], *, views: int, space: str = "logits",
+                       floor: bool = False) -> torch.Tensor:
     """Pseudo-labels [V, |U|, C] of the views of U (0 as is, 1 mirrored) that the round's
     distillation `batches` meet (see draw_batches); the rest stay NaN. The teachers run once
     per round on those images only: scores_of_view(v, samples) gives their logits [K, S, C]
     and log Phi_k [K, S] on these samples of view v, which `rule` turns into weights. With one
     pass over U each image meets one random view, so labelling only what is met halves the
-    work against labelling both views."""
+    work against labelling both views. With `floor` the logits' last row is the server
+    model's, not a teacher: where it is surer than the ensemble it keeps its own label
+    (see floored)."""
     met = torch.zeros(views * num_u, dtype=torch.bool)
     met[torch.cat(batches)] = True
     targets = None
@@ -69,8 +76,33 @@ def view_pseudo_labels(scores_of_view, num_u: int, n_k: torch.Tensor, rule,
         logits, log_odds = scores_of_view(v, samples)
         if targets is None:
             targets = torch.full((views, num_u, logits.shape[-1]), float("nan"))
-        targets[v, samples] = pseudo_labels(logits, rule(logits, log_odds, n_k), space)
+        own = None
+        if floor:
+            logits, own = logits[:-1], logits[-1]
+        log_probs = ensemble_log_probs(logits, rule(logits, log_odds, n_k), space)
+        targets[v, samples] = (log_probs if own is None else floored(log_probs, own)).exp()
     return targets
+
+
+# Beyond the papers (issue 46): two ways to stop distillation pulling a server model that has
+# become a better classifier than its teacher toward the teacher. Both read no label.
+def floored(ensemble_log_probs: torch.Tensor, own_logits: torch.Tensor) -> torch.Tensor:
+    """The server model as the floor of its teacher: log y~ [S, C] where the ensemble's top
+    probability is at least the server model's own, the server model's log-probabilities
+    (its own label, which distillation leaves where it is) where it is surer."""
+    own = torch.log_softmax(own_logits, -1)
+    surer = own.max(-1).values > ensemble_log_probs.max(-1).values
+    return torch.where(surer[:, None], own, ensemble_log_probs)
+
+
+def confident_batches(batches: list[torch.Tensor], targets: torch.Tensor,
+                      threshold: float) -> list[torch.Tensor]:
+    """The distillation batches (draw_batches) without the images whose pseudo-label's top
+    probability is under `threshold`: the student learns only where the teacher is sure
+    (fewer images a step, the same steps; a batch left empty is dropped)."""
+    top = targets.flatten(0, 1).max(-1).values
+    kept = [b[top[b] >= threshold] for b in batches]
+    return [b for b in kept if len(b)]
 
 
 def kl_to_targets(student_logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -84,11 +116,18 @@ def cosine_lr(base_lr: float, server_round: int, num_rounds: int) -> float:
 
 
 def draw_batches(n: int, views: int, *, epochs: int, batch_size: int,
-                 seed: int) -> list[torch.Tensor]:
+                 seed: int, view_draw: str = "per-pass") -> list[torch.Tensor]:
     """The minibatches of `epochs` shuffled passes over U, each sample with a random view (0 as
-    is, 1 mirrored: on-the-fly flipping), drawn before the round so that the teachers label
-    only what the distillation will meet. An entry is view * n + sample."""
+    is, 1 mirrored: on-the-fly flipping), drawn anew in every pass or once for the round
+    (`view_draw`, see VIEW_DRAWS), before the round so that the teachers label only what the
+    distillation will meet. An entry is view * n + sample."""
+    if view_draw not in VIEW_DRAWS:
+        raise ValueError(f"view draw {view_draw!r}; allowed: {', '.join(VIEW_DRAWS)}")
     gen = torch.Generator().manual_seed(seed)
+    if view_draw == "per-round":
+        view = torch.randint(views, (n,), generator=gen)
+        return [view[idx] * n + idx for _ in range(epochs)
+                for idx in minibatches(n, batch_size, gen)]
     return [torch.randint(views, (len(idx),), generator=gen) * n + idx
             for _ in range(epochs) for idx in minibatches(n, batch_size, gen)]
 

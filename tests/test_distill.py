@@ -4,8 +4,9 @@ import torch
 
 import pytest
 
-from fedgo_flwr.distill import (cosine_lr, distill, draw_batches, ensemble_log_probs,
-                                kl_to_targets, pseudo_labels, view_pseudo_labels)
+from fedgo_flwr.distill import (confident_batches, cosine_lr, distill, draw_batches,
+                                ensemble_log_probs, floored, kl_to_targets, pseudo_labels,
+                                view_pseudo_labels)
 from fedgo_flwr.models import CNN
 from fedgo_flwr.teachers import teacher_logits
 from fedgo_flwr.weighting import odds_weights
@@ -81,6 +82,37 @@ def test_draw_batches_pass_over_u_once_per_epoch_with_seeded_views():
     assert not all(torch.equal(a, b) for a, b in zip(batches, draw_batches(10, 2, epochs=3,
                                                                          batch_size=4, seed=6)))
     assert (torch.cat(draw_batches(10, 1, epochs=2, batch_size=4, seed=5)) < 10).all()
+
+
+def test_a_view_drawn_per_round_holds_for_every_pass_and_halves_the_labelling():
+    n = 50
+    per_pass = draw_batches(n, 2, epochs=3, batch_size=8, seed=5)
+    per_round = draw_batches(n, 2, epochs=3, batch_size=8, seed=5, view_draw="per-round")
+    met = torch.cat(per_round).unique()
+    assert len(met) == n  # one view of each image, whichever pass meets it
+    assert sorted((met % n).tolist()) == list(range(n))
+    assert set((met // n).tolist()) == {0, 1}  # both views occur across the images
+    assert len(torch.cat(per_pass).unique()) > n  # per pass: some images meet both views
+    for e in range(3):  # still every image once a pass
+        assert sorted((torch.cat(per_round[7 * e:7 * e + 7]) % n).tolist()) == list(range(n))
+    with pytest.raises(ValueError, match="per-pass, per-round"):
+        draw_batches(n, 2, epochs=1, batch_size=8, seed=5, view_draw="per-epoch")
+
+
+def test_the_floor_keeps_the_server_models_label_where_it_is_surer():
+    ensemble = torch.log(torch.tensor([[0.6, 0.3, 0.1], [0.9, 0.05, 0.05]]))
+    own = torch.log(torch.tensor([[0.1, 0.8, 0.1], [0.2, 0.7, 0.1]]))
+    out = floored(ensemble, own)
+    torch.testing.assert_close(out[0], own[0])  # 0.8 > 0.6: its own label
+    torch.testing.assert_close(out[1], ensemble[1])  # 0.7 < 0.9: the ensemble's
+
+
+def test_confident_batches_keep_only_the_sure_pseudo_labels():
+    targets = torch.tensor([[[0.9, 0.1], [0.5, 0.5], [0.2, 0.8]],
+                            [[0.6, 0.4], [0.95, 0.05], [0.55, 0.45]]])  # [V=2, |U|=3, C]
+    batches = [torch.tensor([0, 4, 1]), torch.tensor([5, 2]), torch.tensor([1])]
+    kept = confident_batches(batches, targets, 0.8)
+    assert [b.tolist() for b in kept] == [[0, 4], [2]]  # the last batch, emptied, is dropped
 
 
 def test_only_the_views_the_batches_meet_are_labelled_and_those_exactly():

@@ -25,7 +25,7 @@ RUNS = {
 KEYS = ("server_test_acc", "server_test_loss", "ensemble_test_acc", "ensemble_test_loss")
 
 
-def per_round(name: str, data_dir: Path, results: Path) -> dict:
+def per_round(name: str, data_dir: Path, results: Path, **extra) -> dict:
     import fedgo_flwr.distill
     from client_app.app import app as client_app
     from fedgo_app.config import Config
@@ -39,7 +39,7 @@ def per_round(name: str, data_dir: Path, results: Path) -> dict:
         data_dir=str(data_dir), results_dir=str(results), run_name=name, num_server_rounds=3,
         fraction_train=0.5, local_epochs=1, server_epochs=1, generator_steps=2,
         discriminator_epochs=1, distill_size=0, test_size=0, generator_width=8,
-        discriminator_width=8, alpha=0.5, generator_cache=False, **RUNS[name])
+        discriminator_width=8, alpha=0.5, generator_cache=False, **{**RUNS[name], **extra})
     fedgo_flwr.distill.CHANNELS_LAST = False
     try:
         record = json.loads(run(InProcessGrid(client_app, cfg.to_run_config(), 4),
@@ -60,6 +60,17 @@ def test_a_seeded_run_keeps_its_per_round_results(name, tiny_data_dir, tmp_path)
             # float noise only: at most one of the 200 test images may change its answer
             tolerance = 0.0051 if key.endswith("acc") else 1e-3 * max(1.0, abs(value))
             assert abs(after[t][key] - value) <= tolerance, (t, key, after[t][key], value)
+
+
+def test_skipping_the_ensembles_test_score_changes_no_result(tiny_data_dir, tmp_path):
+    """ensemble-test = false (issue 46: a speed change) saves the teachers' test forwards and
+    leaves the server model's per-round results as recorded."""
+    before = json.loads(BEFORE.read_text())["fedgo"]
+    after = per_round("fedgo", tiny_data_dir, tmp_path, ensemble_test=False)
+    for t, metrics in before.items():
+        assert "ensemble_test_acc" not in after[t]
+        for key in ("server_test_acc", "server_test_loss"):
+            assert abs(after[t][key] - metrics[key]) <= 1e-3 * max(1.0, abs(metrics[key]))
 
 
 if __name__ == "__main__" and "--write" in sys.argv:

@@ -188,6 +188,29 @@ def test_the_averaged_model_as_a_teacher_is_what_the_diagnostics_score(tiny_conf
     assert member["distill_loss"] != paper["distill_loss"]  # it distils toward another target
 
 
+def test_the_lasting_options_do_what_the_diagnostics_score(tiny_config):
+    """teacher-floor gets the teacher the diagnostics score as the floored ensemble, and
+    confidence-threshold distils only on the sure pseudo-labels, on the same client models
+    (issue 46, item 3)."""
+    base = tiny_config.replace(num_server_rounds=1, diagnostics=True)
+    paper = _run(base)[0]["rounds"][1]
+    lasting = paper["diagnostics"]["lasting"]
+    assert 0 <= lasting["floor"]["own_share"] <= 1
+    assert set(lasting["confident"]) == {"0.5", "0.8", "0.9", "0.95"}
+    floor = _run(base.replace(teacher_floor=True, diagnostics=False, run_name="floor"))[0]
+    floor = floor["rounds"][1]
+    assert floor["clients"] == paper["clients"]
+    assert floor["ensemble_test_acc"] == lasting["floor"]["acc"]
+    assert floor["ensemble_test_loss"] == pytest.approx(lasting["floor"]["loss"], abs=1e-6)
+    if 0 < lasting["floor"]["own_share"]:  # the floor changed some pseudo-labels
+        assert floor["distill_loss"] != paper["distill_loss"]
+    sure = _run(base.replace(confidence_threshold=0.5, run_name="sure"))[0]["rounds"][1]
+    assert sure["clients"] == paper["clients"]
+    assert sure["ensemble_test_acc"] == paper["ensemble_test_acc"]  # the same teacher
+    assert 0 <= sure["distill_kept"] <= 1 and "distill_kept" not in paper
+    assert sure["distill_steps"] <= paper["distill_steps"]
+
+
 def _info_replies(cfg):
     infos = []
 

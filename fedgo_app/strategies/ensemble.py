@@ -1,7 +1,8 @@
 """The server update every ensemble-distillation strategy shares (Algorithm 1, lines 8-13):
 pseudo-label U once with a weighted ensemble of this round's client models, distill the
 averaged model on it for E_s passes (Adam, `server-lr`, `server-batch-size`, the learning rate
-cosine-annealed over the T rounds or constant), and evaluate the ensemble on the test split.
+cosine-annealed over the T rounds or constant), and evaluate the ensemble on the test split
+(`ensemble-test`, which no algorithm reads).
 
 Strategies differ only in the weighting rule and the discriminator log-odds it sees (FedDF:
 uniform, no discriminators; FedGO: odds). `averaged-share` > 0 (not in the papers) makes the
@@ -22,9 +23,9 @@ import torch
 from flwr.app import ArrayRecord, Message, RecordDict
 from flwr.common.logger import log
 
-from fedgo_flwr.diagnostics import ensemble_diagnostics
-from fedgo_flwr.distill import (cosine_lr, distill, draw_batches, ensemble_log_probs,
-                                view_pseudo_labels)
+from fedgo_flwr.diagnostics import ensemble_diagnostics, lasting_diagnostics
+from fedgo_flwr.distill import (confident_batches, cosine_lr, distill, draw_batches,
+                                ensemble_log_probs, floored, view_pseudo_labels)
 from fedgo_app.generators import generator_arguments, obtain_generator
 from fedgo_flwr.gan import draw_images
 from fedgo_flwr.models import Generator
@@ -44,7 +45,8 @@ READS = ("distillation",)
 MARKS = (("ensemble-space", "logits", "probabilities"), ("distill-schedule", "cosine", "{} lr"),
          ("averaged-share", 0.0, "averaged {:g}"), ("distillation-guard", "none", "{} guard"),
          ("generator-source", "train-on-u", "G: {}"), ("distill-set", "server-data", "{} set"),
-         ("redraw-distill-set", False, "redrawn"))
+         ("redraw-distill-set", False, "redrawn"), ("view-draw", "per-pass", "views {}"),
+         ("teacher-floor", False, "server floor"), ("confidence-threshold", 0.0, "confident {:g}"))
 
 # Every ensemble strategy's clients: FedAvg's, and FedGAN's local step (a generator source).
 ENSEMBLE_CLIENT = {**CLIENT, TRAIN_FEDGAN: fedgan_update}
@@ -176,9 +178,11 @@ class EnsembleDistillation(FedAvgStrategy):
 
     def draw_round_batches(self, server_round: int, *, epochs: int,
                            batch_size: int) -> list[torch.Tensor]:
-        """`epochs` passes over U with random views, seeded by the run's seed and the round."""
-        return draw_batches(len(self.u), self.views, epochs=epochs,
-                            batch_size=batch_size, seed=round_seed(self.cfg.seed, server_round))
+        """`epochs` passes over U with random views (`view-draw`), seeded by the run's seed
+        and the round."""
+        return draw_batches(len(self.u), self.views, epochs=epochs, batch_size=batch_size,
+                            seed=round_seed(self.cfg.seed, server_round),
+                            view_draw=self.cfg.view_draw)
 
     def distill_student(self, server_round: int, student: torch.nn.Module,
                         targets: torch.Tensor, batches: list[torch.Tensor]) -> dict:
@@ -200,6 +204,7 @@ class EnsembleDistillation(FedAvgStrategy):
         cfg = self.cfg
         unsupported = [key for key, on in (
             ("diagnostics", cfg.diagnostics), ("averaged-share", cfg.averaged_share > 0),
+            ("teacher-floor", cfg.teacher_floor),
             ("distillation-guard", cfg.distillation_guard != "none")) if on]
         if unsupported:
             return (f"{', '.join(unsupported)} need one averaged model; a mixed federation has "
@@ -237,17 +242,22 @@ class EnsembleDistillation(FedAvgStrategy):
 
         def view_scores(v: int, samples: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             logits, log_odds = self.view_scores(models, nets, v, samples)
-            if member:
-                logits = torch.cat([logits, self.logits_of(average, u[samples], flip=v == 1)])
+            if member or cfg.teacher_floor:  # last row(s): the teacher, then the floor
+                own = self.logits_of(average, u[samples], flip=v == 1)
+                logits = torch.cat([logits] + [own] * (member + cfg.teacher_floor))
             return logits, log_odds
 
         if batches:
             start = time.perf_counter()
             targets = view_pseudo_labels(  # once per round, not once per epoch
                 view_scores, len(u), n_k, weighting, batches, views=self.views,
-                space=cfg.ensemble_space)
+                space=cfg.ensemble_space, floor=cfg.teacher_floor)
             seconds = time.perf_counter() - start
             self.record.time("pseudo_labelling", seconds, server_round)
+            if cfg.confidence_threshold > 0:
+                met = sum(len(b) for b in batches)
+                batches = confident_batches(batches, targets, cfg.confidence_threshold)
+                entry["distill_kept"] = sum(len(b) for b in batches) / met
             log(INFO, "round %d: pseudo-labels of %d teachers on U (%.1fs); distilling, %d "
                 "steps", server_round, len(models), seconds, len(batches))
             for arch, student in students.items():
@@ -260,33 +270,54 @@ class EnsembleDistillation(FedAvgStrategy):
                 else:
                     entry.update(info)
 
-        start = time.perf_counter()
-        test_logits, log_odds = self.test_scores(models, nets)
-        average_logits = (self.logits_of(average, self.setup.test_x)
-                          if member or cfg.diagnostics else None)
-        teachers = torch.cat([test_logits, average_logits]) if member else test_logits
-        weights = weighting(teachers, log_odds, n_k)
-        acc, loss = accuracy_and_loss(ensemble_log_probs(teachers, weights, cfg.ensemble_space),
-                                      self.setup.test_y)
-        entry.update(ensemble_test_acc=acc, ensemble_test_loss=loss)
-        if cfg.diagnostics:
-            entry["diagnostics"] = ensemble_diagnostics(
-                test_logits, log_odds if self.has_discriminators else None, n_k,
-                self.setup.test_y, entropy_tau=cfg.entropy_tau,
-                active=client_rule(test_logits, log_odds, n_k) if member else weights,
-                histograms=self.clients.label_histograms([m.partition_id for m in models]),
-                averaged_logits=average_logits[0],
-                capped=not cfg.calibrated_odds)
-            # what FedAvg keeps this round, where distillation started (`averaged` is unchanged)
-            avg_acc, avg_loss = self.test_metrics(single)
-            entry["diagnostics"]["averaged"] = {"acc": avg_acc, "loss": avg_loss}
-        self.record.time("evaluation", time.perf_counter() - start, server_round)
+        if cfg.ensemble_test or cfg.diagnostics:
+            self.score_ensemble(server_round, models, nets, n_k, weighting, client_rule,
+                                None if mixed else (single, average))
         distilled = {arch: {k: v.detach().cpu() for k, v in student.state_dict().items()}
                      for arch, student in students.items()}
         if cfg.distillation_guard == "clients" and batches:
             (arch,) = distilled
             return {arch: self.guard(server_round, single, distilled[arch])}
         return distilled
+
+    def score_ensemble(self, server_round: int, models: list[ClientModel],
+                       nets: list[torch.nn.Module], n_k: torch.Tensor, weighting: WeightRule,
+                       client_rule: WeightRule,
+                       averaged: tuple[dict[str, torch.Tensor], torch.nn.Module] | None
+                       ) -> None:
+        """The weighted ensemble's test accuracy and loss (`ensemble-test`), and with
+        `diagnostics` every rule on the same teachers; `averaged`: the round's averaged
+        state and model (None in a mixed federation)."""
+        cfg, entry = self.cfg, self.record.round(server_round)
+        member = cfg.averaged_share > 0
+        start = time.perf_counter()
+        test_logits, log_odds = self.test_scores(models, nets)
+        average_logits = (self.logits_of(averaged[1], self.setup.test_x)
+                          if member or cfg.teacher_floor or cfg.diagnostics else None)
+        teachers = torch.cat([test_logits, average_logits]) if member else test_logits
+        weights = weighting(teachers, log_odds, n_k)
+        log_probs = ensemble_log_probs(teachers, weights, cfg.ensemble_space)
+        if cfg.teacher_floor:
+            log_probs = floored(log_probs, average_logits[0])
+        acc, loss = accuracy_and_loss(log_probs, self.setup.test_y)
+        entry.update(ensemble_test_acc=acc, ensemble_test_loss=loss)
+        if cfg.diagnostics:
+            active = client_rule(test_logits, log_odds, n_k) if member else weights
+            entry["diagnostics"] = ensemble_diagnostics(
+                test_logits, log_odds if self.has_discriminators else None, n_k,
+                self.setup.test_y, entropy_tau=cfg.entropy_tau,
+                active=active,
+                histograms=self.clients.label_histograms([m.partition_id for m in models]),
+                averaged_logits=average_logits[0],
+                capped=not cfg.calibrated_odds)
+            # the options that keep a lead, each as it would act alone on these models
+            entry["diagnostics"]["lasting"] = lasting_diagnostics(
+                ensemble_log_probs(test_logits, active, cfg.ensemble_space), average_logits[0],
+                self.setup.test_y)
+            # what FedAvg keeps this round, where distillation started (`averaged` is unchanged)
+            avg_acc, avg_loss = self.test_metrics(averaged[0])
+            entry["diagnostics"]["averaged"] = {"acc": avg_acc, "loss": avg_loss}
+        self.record.time("evaluation", time.perf_counter() - start, server_round)
 
     def guard(self, server_round: int, averaged: dict[str, torch.Tensor],
               distilled: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

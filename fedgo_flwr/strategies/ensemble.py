@@ -20,7 +20,8 @@ from flwr.app import ArrayRecord
 from flwr.common.logger import log
 from torch import nn
 
-from fedgo_flwr.distill import ENSEMBLE_SPACES, cosine_lr, distill, draw_batches, view_pseudo_labels
+from fedgo_flwr.distill import (ENSEMBLE_SPACES, VIEW_DRAWS, cosine_lr, distill, draw_batches,
+                                view_pseudo_labels)
 from fedgo_flwr.inputs import images_of
 from fedgo_flwr.seeds import round_seed
 from fedgo_flwr.strategies.base import ClientModel, ServerUpdateFedAvg
@@ -57,6 +58,9 @@ class EnsembleDistillation(ServerUpdateFedAvg):
         (Theorem 3.4).
     flip_views : bool (default: True)
         U is seen as is and mirrored (each pass takes a random view of each image).
+    view_draw : str (default: "per-pass")
+        "per-pass" draws each image's view anew in every pass; "per-round" draws it once a
+        round, so the teachers label |U| images instead of up to 2|U| (fedgo_flwr.distill).
     model_fn, seed, device, aggregate_fn, **kwargs
         As in `ServerUpdateFedAvg` (fedgo_flwr.strategies.base), and every keyword Flower's
         `FedAvg` takes.
@@ -66,11 +70,13 @@ class EnsembleDistillation(ServerUpdateFedAvg):
                  weighting: WeightRule, distill_epochs: int = 10, distill_batch_size: int = 64,
                  distill_lr: float = 1e-3, distill_optimizer: str = "adam",
                  distill_momentum: float = 0.9, distill_schedule: str = "cosine",
-                 ensemble_space: str = "logits", flip_views: bool = True, **kwargs) -> None:
+                 ensemble_space: str = "logits", flip_views: bool = True,
+                 view_draw: str = "per-pass", **kwargs) -> None:
         super().__init__(model_fn=model_fn, **kwargs)
         for name, value, allowed in (("distill_optimizer", distill_optimizer, OPTIMIZERS),
                                      ("distill_schedule", distill_schedule, SCHEDULES),
-                                     ("ensemble_space", ensemble_space, ENSEMBLE_SPACES)):
+                                     ("ensemble_space", ensemble_space, ENSEMBLE_SPACES),
+                                     ("view_draw", view_draw, VIEW_DRAWS)):
             if value not in allowed:
                 raise ValueError(f"{name} is {value!r}; allowed: {', '.join(allowed)}")
         if distill_epochs < 0 or distill_batch_size < 1 or distill_lr <= 0:
@@ -83,6 +89,7 @@ class EnsembleDistillation(ServerUpdateFedAvg):
         self.distill_lr, self.distill_optimizer = distill_lr, distill_optimizer
         self.distill_momentum, self.distill_schedule = distill_momentum, distill_schedule
         self.ensemble_space, self.views = ensemble_space, 2 if flip_views else 1
+        self.view_draw = view_draw
 
     def summary(self) -> None:
         super().summary()
@@ -105,7 +112,8 @@ class EnsembleDistillation(ServerUpdateFedAvg):
         n_k = torch.tensor([m.num_examples for m in teachers], dtype=torch.float32)
         batches = draw_batches(len(u), self.views, epochs=self.distill_epochs,
                                batch_size=self.distill_batch_size,
-                               seed=round_seed(self.seed, server_round))
+                               seed=round_seed(self.seed, server_round),
+                               view_draw=self.view_draw)
         start = time.perf_counter()
         targets = view_pseudo_labels(lambda v, s: self.scores(teachers, nets, u, s, v),
                                      len(u), n_k, self.weighting, batches, views=self.views,
