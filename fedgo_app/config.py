@@ -13,6 +13,7 @@ which never import it.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +36,15 @@ from fedgo_app.strategies import STRATEGIES
 from fedgo_flwr.weighting import WEIGHTINGS
 
 __all__ = ["Config", "ConfigError", "GROUPS", "check", "choice"]
+
+def unknown_keys_problem(unknown: list[str], known) -> str:
+    """One line naming each unknown key and the declared keys it is close to."""
+    def close(name: str) -> str:
+        near = difflib.get_close_matches(name, list(known), n=3, cutoff=0.6)
+        return f"{name!r} (close: {', '.join(near)})" if near else repr(name)
+    return (f"unknown run-config key{'s' if len(unknown) > 1 else ''} "
+            f"{'; '.join(close(k) for k in unknown)}; every key is in docs/configuration.md")
+
 
 def client_models_ok(text: str) -> bool:
     if not text.strip():
@@ -322,8 +332,7 @@ class Config:
         known = declared_keys()
         unknown = sorted(set(run_config) - set(known))
         if unknown:
-            raise ConfigError(f"unknown run-config key(s) {unknown}; allowed keys: "
-                              f"{sorted(known)}")
+            raise ConfigError(unknown_keys_problem(unknown, known))
         values, strategy_keys = {}, strategy_defaults()
         for name, value in run_config.items():
             d = known[name]

@@ -30,12 +30,19 @@ app = ServerApp()
 class BadValueInOneLine(logging.Filter):
     """Flower logs whatever ends a ServerApp with its traceback. A bad run-config value is the
     user's input, not a defect: one line names the key, the value and what is allowed (the
-    run still ends finished:failed, with that line as its details)."""
+    run still ends finished:failed, with that line as its details). Flower's exit report
+    ("Exit Code: ...", a help link) comes after it: the line is repeated at its end, so that
+    it is the last thing the user reads."""
+
+    bad: ConfigError | None = None
 
     def filter(self, record: logging.LogRecord) -> bool:
         error = record.exc_info[1] if record.exc_info else None
         if isinstance(error, ConfigError):
+            self.bad = error
             record.msg, record.args, record.exc_info = "bad run config: %s", (error,), None
+        elif self.bad is not None and str(record.msg).startswith("Exit Code:"):
+            record.msg, record.args = f"{record.getMessage()}\nbad run config: {self.bad}", ()
         return True
 
 

@@ -1,6 +1,9 @@
 import gzip
+import os
+import shutil
 import struct
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +41,22 @@ def write_tiny_fmnist(folder: Path, n_train: int = 1000, n_test: int = 200,
         write_idx(folder / f"{split}-images-idx3-ubyte{suffix}", x, compress)
         write_idx(folder / f"{split}-labels-idx1-ubyte{suffix}", y, compress)
     return folder
+
+
+@pytest.fixture(scope="session", autouse=True)
+def ray_temp_dir():
+    """Ray's session folders (logs, sockets, spilled objects) of the real runs' simulations in a
+    folder of this session's own, removed at its end: under /tmp/ray they would stay after
+    every run. Short, for Ray's socket paths; the runs' processes inherit it."""
+    path = tempfile.mkdtemp(prefix="fedgo-ray-")
+    before = os.environ.get("RAY_TMPDIR")
+    os.environ["RAY_TMPDIR"] = path
+    yield path
+    if before is None:
+        os.environ.pop("RAY_TMPDIR", None)
+    else:
+        os.environ["RAY_TMPDIR"] = before
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -19,8 +19,9 @@ FLWR = str(Path(sys.executable).parent / "flwr")
 def _run(env, cwd, overrides: str) -> str:
     """`flwr run REPO --stream` on Flower's default federation; its output."""
     done = subprocess.run([FLWR, "run", str(REPO), "--stream", "-c", overrides], env=env,
-                          cwd=cwd, capture_output=True, text=True, timeout=600)
-    return done.stdout + done.stderr
+                          cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, timeout=600)  # in the order a terminal shows them
+    return done.stdout
 
 
 def test_plain_flwr_run_trains_two_clients_a_round_and_says_so(tiny_data_dir, tmp_path,
@@ -46,3 +47,6 @@ def test_a_bad_value_ends_the_run_with_one_line_naming_key_value_and_allowed(tmp
     assert _status(isolated_flwr, tmp_path, out) == "finished:failed", out[-3000:]
     assert "bad run config: run-config key 'alpha' is -1.0; allowed: > 0" in out, out[-3000:]
     assert "Traceback" not in out, out[-3000:]
+    # after Flower's exit report, the line again: the last thing the user reads
+    assert out.strip().splitlines()[-1].endswith(
+        "bad run config: run-config key 'alpha' is -1.0; allowed: > 0"), out[-3000:]
