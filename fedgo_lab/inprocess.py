@@ -2,8 +2,10 @@
 and quick experiments (the performance benchmark's rounds). The real ServerApp and ClientApp
 code, with messages handed straight to `client_app(message, context)` one after the other
 instead of travelling through a SuperLink; nodes can be taken offline and brought back, or
-lost (still listed, answered by the SuperLink's "Node Unavailable" error). The real runtime
-(SuperLink + Ray) is what `flwr run` uses and what tests/test_flwr_run.py exercises."""
+lost (still listed, answered by the SuperLink's "Node Unavailable" error). Every message and
+reply travels as the real runtime sends it: serialised to Flower's protobuf bytes and read
+back (`wire`), so what reaches a client or the server is what the wire carries. The real
+runtime (SuperLink + Ray) is what `flwr run` uses and what tests/test_flwr_run.py exercises."""
 
 from __future__ import annotations
 
@@ -11,11 +13,19 @@ import itertools
 
 from flwr.app import Context, Message, RecordDict
 from flwr.app.error import Error
+from flwr.common.serde import message_from_proto, message_to_proto
 from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 from flwr.serverapp import Grid
+from flwr.proto.message_pb2 import Message as ProtoMessage
 from flwr.supercore.task_identity import TaskIdentity
 
 RUN_ID = 7
+
+
+def wire(message: Message) -> Message:
+    """The message as it arrives: to Flower's protobuf bytes and back."""
+    return message_from_proto(ProtoMessage.FromString(message_to_proto(message)
+                                                      .SerializeToString()))
 
 
 class InProcessGrid(Grid):
@@ -58,6 +68,7 @@ class InProcessGrid(Grid):
             mid = str(next(self._ids))
             msg.metadata.__dict__["_message_id"] = mid
             ids.append(mid)
+            msg = wire(msg)
             if msg.metadata.dst_node_id in self.lost:
                 self.replies[mid] = self._unavailable(msg)
             elif msg.metadata.dst_node_id in self.offline:
@@ -93,4 +104,4 @@ class InProcessGrid(Grid):
             reply = self.client_app(msg, context)
         except Exception as exc:  # the real runtime turns exceptions into error replies
             reply = Message(Error(code=0, reason=repr(exc)), reply_to=msg)
-        return self.tamper(reply) if self.tamper else reply
+        return wire(self.tamper(reply) if self.tamper else reply)

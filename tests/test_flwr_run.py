@@ -17,7 +17,8 @@ import yaml
 
 from conftest import REPO
 from fedgo_lab import bench
-from test_datasets import write_cifar, write_folder
+from test_runs_in_process import (USER_NET, check_mixed_run, check_table2_record, mixed_overrides,
+                                  table2_row)
 
 
 def _free_port() -> int:
@@ -220,123 +221,28 @@ def test_bench_plan_runs_every_cell_resumes_and_reports(tiny_data_dir, tmp_path,
     assert "2 cells, 2 finished, 0 to run" in capsys.readouterr().out
 
 
-USER_NET = """
-import torch.nn.functional as F
-from torch import nn
-
-
-class TinyNet(nn.Module):
-    def __init__(self, channels, num_classes, image_size):
-        super().__init__()
-        self.conv = nn.Conv2d(channels, 8, 3, padding=1)
-        self.fc = nn.Linear(8 * (image_size // 2) ** 2, num_classes)
-
-    def forward(self, x):
-        return self.fc(F.max_pool2d(F.relu(self.conv(x)), 2).flatten(1))
-"""
-
-
-def _write_hub(root):
-    import datasets
-    import numpy as np
-    from PIL import Image
-    features = datasets.Features({"img": datasets.Image(),
-                                  "label": datasets.ClassLabel(names=list("abcd"))})
-    rng = np.random.default_rng(0)
-    (root / "data").mkdir(parents=True)
-    for split, n in (("train", 48), ("test", 12)):
-        rows = {"img": [Image.fromarray(p) for p in
-                        rng.integers(0, 256, (n, 28, 28, 3), dtype=np.uint8)],
-                "label": [i % 4 for i in range(n)]}
-        datasets.Dataset.from_dict(rows, features=features).to_parquet(
-            root / "data" / f"{split}-00000-of-00001.parquet")
-
-
-def write_imagenet100(root):
-    from PIL import Image
-    from fedgo_app.data.imagenet100 import CLASSES
-    for split in ("train", "val"):
-        for i, wnid in enumerate(CLASSES):
-            (root / "imagenet100" / split / wnid).mkdir(parents=True)
-            for j in range(2 if split == "train" else 1):
-                Image.new("RGB", (64, 64), (i, 2 * i, 40 * j)).save(
-                    root / "imagenet100" / split / wnid / f"{j}.png")
-
-
-# Each dataset through the real runtime, each with another model: name -> (writer of its
-# files under data-dir, overrides). The FedAvg CNN on Fashion-MNIST is every other real run.
-DATA_RUNS = {
-    "cifar10-resnet18": (lambda d: write_cifar(d, 10), 'dataset="cifar10" model="resnet18"'),
-    "cifar100-vgg11-bn": (lambda d: write_cifar(d, 100, per_batch=40),
-                          'dataset="cifar100" model="vgg11-bn" optimizer="sgd" lr=0.01'),
-    "imagenet100-resnet50": (lambda d: write_imagenet100(d),
-                             'dataset="imagenet100" model="resnet50" image-size=32'),
-    "folder-user-model": (lambda d: write_folder(d, per_class=8, size=(28, 28)),
-                          'dataset="folder" model="user_nets:TinyNet"'),
-    "hub-cnn": (lambda d: _write_hub(d / "set"), 'model="cnn"'),
-}
-
-
-@pytest.mark.parametrize("name", DATA_RUNS)
-def test_each_dataset_and_model_runs_through_flwr_run(name, tmp_path, isolated_flwr):
-    """One FedGO round of each dataset (tiny files in its real format) with another model."""
-    env, results, data = isolated_flwr, tmp_path / "results", tmp_path / "data"
-    data.mkdir()
-    write, overrides = DATA_RUNS[name]
-    write(data)
-    if name == "hub-cnn":
-        overrides = f'dataset="hub:{data / "set"}" {overrides}'
-    (tmp_path / "user_nets.py").write_text(USER_NET)
-    env = {**env, "PYTHONPATH": f"{tmp_path}{os.pathsep}{env.get('PYTHONPATH', '')}"}
-    common = (f'data-dir="{data}" results-dir="{results}" run-name="real" strategy="fedgo" '
-              'num-server-rounds=1 fraction-train=0.7 local-epochs=1 server-epochs=1 '
-              'generator-steps=1 generator-width=8 discriminator-width=8 '
-              'discriminator-epochs=1 distill-size=0 test-size=0 partitioner="iid" ')
-    run = _flwr_run(env, tmp_path, common + overrides)
-    out = run.stdout + run.stderr
-    assert _status(env, tmp_path, out) == "finished:completed", out[-3000:]
-    record = json.loads((results / "real" / "record.json").read_text())
-    assert record["config"]["model"] in overrides
-    assert record["rounds"][1]["ensemble_test_acc"] >= 0
-
-
-
 def _toml_value(value) -> str:
     return f'"{value}"' if isinstance(value, str) else str(value).lower() \
         if isinstance(value, bool) else str(value)
 
 
-@pytest.mark.parametrize("row", ["s1-g1-d1", "s1-g2-d1", "s2-g2-d2", "s2-g3-d2"])
+# Table 2's rows all run in process (tests/test_runs_in_process.py); through the real runtime
+# the one whose clients train the generator (FedGAN's own messages).
+@pytest.mark.parametrize("row", ["s2-g3-d2"])
 def test_each_row_of_table_2_runs_through_flwr_run(row, tiny_data_dir, tmp_path, isolated_flwr):
-    """Each preset of FedGO's Table 2 (conf/table2/), on a tiny configuration: the generator
-    from U, from a file, or from the clients (FedGAN); distilled on U or on a generated set."""
-    import tomllib
-
-    from fedgo_app.generators import save_generator_file
-    from fedgo_flwr.models import Generator
-    env, results = isolated_flwr, tmp_path / "results"
-    preset = tomllib.loads((REPO / "conf" / "table2" / f"{row}.toml").read_text())
-    torch.manual_seed(0)
-    generator_file = save_generator_file(tmp_path / "g.pt", Generator(128, 1, 28, dim=8), 1)
-    preset.update({"data-dir": str(tiny_data_dir), "results-dir": str(results),
-                   "run-name": "row", "num-server-rounds": 1, "fraction-train": 0.7,
-                   "local-epochs": 1, "server-epochs": 1, "generator-steps": 2,
-                   "generator-width": 8, "discriminator-width": 8, "discriminator-epochs": 1,
-                   "fedgan-rounds": 1, "fedgan-epochs": 1, "alpha": 0.5,
-                   "distill-size": 64 if preset["distill-set"] == "generated" else 0})
-    if preset["generator-source"] == "load":
-        preset["generator-file"] = str(generator_file)
+    """Table 2's FedGAN row through the real runtime (tests/test_runs_in_process.py)."""
+    env = isolated_flwr
+    preset = table2_row(row, tiny_data_dir, tmp_path)
     run = _flwr_run(env, tmp_path, " ".join(f"{k}={_toml_value(v)}" for k, v in preset.items()))
     out = run.stdout + run.stderr
     assert _status(env, tmp_path, out) == "finished:completed", out[-3000:]
-    record = json.loads((results / "row" / "record.json").read_text())
-    generator = record["pre_fl"]["generator"]
-    assert generator.get("source", "train-on-u") == preset["generator-source"]
-    assert ("distillation_set" in record["pre_fl"]) == (preset["distill-set"] == "generated")
-    assert record["rounds"][1]["ensemble_test_acc"] >= 0
+    check_table2_record(json.loads((tmp_path / "results" / "row" / "record.json").read_text()),
+                        preset)
 
 
-@pytest.mark.parametrize("strategy", ["fedgo", "feddf"])
+# Both ensemble strategies run two architectures in process (tests/test_runs_in_process.py);
+# through the real runtime FedGO's, whose user model module must import on Ray's workers.
+@pytest.mark.parametrize("strategy", ["fedgo"])
 def test_two_architectures_run_through_flwr_run(strategy, tiny_data_dir, tmp_path,
                                                 isolated_flwr):
     """Half the clients the CNN, half a user's network, one round through the real runtime:
@@ -344,28 +250,11 @@ def test_two_architectures_run_through_flwr_run(strategy, tiny_data_dir, tmp_pat
     env, results = isolated_flwr, tmp_path / "results"
     (tmp_path / "user_nets.py").write_text(USER_NET)
     env = {**env, "PYTHONPATH": f"{tmp_path}{os.pathsep}{env.get('PYTHONPATH', '')}"}
-    run = _flwr_run(env, tmp_path, (
-        f'data-dir="{tiny_data_dir}" results-dir="{results}" run-name="mixed" '
-        f'strategy="{strategy}" client-models="cnn:0.5,user_nets:TinyNet:0.5" '
-        'num-server-rounds=1 fraction-train=1.0 local-epochs=1 server-epochs=1 '
-        'generator-steps=1 generator-width=8 discriminator-width=8 discriminator-epochs=1 '
-        'distill-size=0 test-size=0 alpha=0.5'))
+    run = _flwr_run(env, tmp_path, mixed_overrides(strategy, tiny_data_dir, results))
     out = run.stdout + run.stderr
     assert _status(env, tmp_path, out) == "finished:completed", out[-3000:]
-    record = json.loads((results / "mixed" / "record.json").read_text())
-    assert sorted(set(record["clients"]["architectures"].values())) == [
-        "cnn", "user_nets:TinyNet"]
-    assert set(record["rounds"][1]["architectures"]) == {"cnn", "user_nets:TinyNet"}
-    assert record["rounds"][1]["ensemble_test_acc"] >= 0
-    model = torch.load(results / "mixed" / "model.pt")
-    assert {name.split("/")[0] for name in model} == {"cnn", "user_nets:TinyNet"}
-    assert "pseudo-labels of 3 teachers" in out  # the ensemble spans both architectures
     sys.path.insert(0, str(tmp_path))
     try:
-        from fedgo_flwr.models import create_classifier
-        for arch in ("cnn", "user_nets:TinyNet"):  # each global model moved from its start
-            torch.manual_seed(0)
-            start = create_classifier(arch, 1, 10, 28).state_dict()
-            assert any(not torch.equal(model[f"{arch}/{k}"], v) for k, v in start.items())
+        check_mixed_run(results, out)
     finally:
         sys.path.remove(str(tmp_path))

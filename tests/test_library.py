@@ -236,3 +236,19 @@ def test_data_comes_as_tensors_datasets_or_loaders_of_dicts():
     assert torch.equal(images_of(dataset), x) and torch.equal(labelled(dataset)[1], y)
     with pytest.raises(ValueError, match="no images under any of"):
         images_of(torch.utils.data.DataLoader([{"pixels": a} for a in x], batch_size=8))
+
+
+def test_the_lasting_options_reach_the_librarys_distillation():
+    """teacher_floor and confidence_threshold (not in the papers) compose with every ensemble
+    strategy of the library; the threshold leaves out the unsure pseudo-labels."""
+    plain = FedDF(unlabeled_data=U, model_fn=UserNet, **SMALL)
+    _, result = run(plain, rounds=1)
+    assert result.train_metrics_clientapp[1]["distill-kept"] == 1.0
+    sure = FedDF(unlabeled_data=U, model_fn=UserNet, confidence_threshold=0.99, **SMALL)
+    _, result = run(sure, rounds=1)
+    assert 0 <= result.train_metrics_clientapp[1]["distill-kept"] < 1.0
+    floor = FedGO(unlabeled_data=U, model_fn=UserNet, teacher_floor=True, **SMALL, **SMALL_GAN)
+    initial, result = run(floor, rounds=1)
+    assert changed(initial, result)
+    with pytest.raises(ValueError, match=r"confidence_threshold is 1.5; allowed: \[0, 1\)"):
+        FedDF(unlabeled_data=U, model_fn=UserNet, confidence_threshold=1.5)

@@ -47,6 +47,15 @@ def test_parameter_counts_are_the_known_figures(name, params):
     ResNet-50 about 23.5 M parameters."""
     model = create_classifier(name, 3, 10, 32)
     assert sum(p.numel() for p in model.parameters()) == params
+    # and it trains as the clients and the server use it: a step in the channels-last format
+    # (a whole round of each runs in tests/test_runs_in_process.py, but for ResNet-50's)
+    from fedgo_flwr.train import train_classifier
+    x = torch.randint(0, 256, (4, 3, 32, 32), dtype=torch.uint8)
+    before = [p.detach().clone() for p in model.parameters()]
+    info = train_classifier(model, x, torch.tensor([0, 1, 2, 3]), epochs=1, batch_size=4,
+                            lr=1e-3, flip=True, seed=0, device=torch.device("cpu"))
+    assert info["train-loss"] > 0
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
 
 USER_MODEL = """

@@ -136,7 +136,8 @@ class DaFKD(EnsembleDistillation):
         Rounds in which the clients also train G (it is sent every round).
     latent_dim, generator_width, gan_lr : (default: 128, 64, 2e-4)
         G's shape and the clients' learning rate for it.
-    distill_*, ensemble_space, flip_views, view_draw, seed, device, **kwargs
+    distill_*, ensemble_space, flip_views, view_draw, teacher_floor,
+    confidence_threshold, seed, device, **kwargs
         As in `EnsembleDistillation`, and Flower's `FedAvg` keywords.
     """
 

@@ -20,8 +20,8 @@ from flwr.app import ArrayRecord
 from flwr.common.logger import log
 from torch import nn
 
-from fedgo_flwr.distill import (ENSEMBLE_SPACES, VIEW_DRAWS, cosine_lr, distill, draw_batches,
-                                view_pseudo_labels)
+from fedgo_flwr.distill import (ENSEMBLE_SPACES, VIEW_DRAWS, confident_batches, cosine_lr,
+                                distill, draw_batches, view_pseudo_labels)
 from fedgo_flwr.inputs import images_of
 from fedgo_flwr.seeds import round_seed
 from fedgo_flwr.strategies.base import ClientModel, ServerUpdateFedAvg
@@ -61,6 +61,12 @@ class EnsembleDistillation(ServerUpdateFedAvg):
     view_draw : str (default: "per-pass")
         "per-pass" draws each image's view anew in every pass; "per-round" draws it once a
         round, so the teachers label |U| images instead of up to 2|U| (fedgo_flwr.distill).
+    teacher_floor : bool (default: False)
+        Not in the papers: where the average is surer than the ensemble (a higher top
+        probability), its own prediction is the pseudo-label (fedgo_flwr.distill.floored).
+    confidence_threshold : float (default: 0.0)
+        Not in the papers: distil only on the images whose pseudo-label's top probability is
+        at least this (fedgo_flwr.distill.confident_batches); 0 keeps every image.
     model_fn, seed, device, aggregate_fn, **kwargs
         As in `ServerUpdateFedAvg` (fedgo_flwr.strategies.base), and every keyword Flower's
         `FedAvg` takes.
@@ -71,7 +77,8 @@ class EnsembleDistillation(ServerUpdateFedAvg):
                  distill_lr: float = 1e-3, distill_optimizer: str = "adam",
                  distill_momentum: float = 0.9, distill_schedule: str = "cosine",
                  ensemble_space: str = "logits", flip_views: bool = True,
-                 view_draw: str = "per-pass", **kwargs) -> None:
+                 view_draw: str = "per-pass", teacher_floor: bool = False,
+                 confidence_threshold: float = 0.0, **kwargs) -> None:
         super().__init__(model_fn=model_fn, **kwargs)
         for name, value, allowed in (("distill_optimizer", distill_optimizer, OPTIMIZERS),
                                      ("distill_schedule", distill_schedule, SCHEDULES),
@@ -79,6 +86,8 @@ class EnsembleDistillation(ServerUpdateFedAvg):
                                      ("view_draw", view_draw, VIEW_DRAWS)):
             if value not in allowed:
                 raise ValueError(f"{name} is {value!r}; allowed: {', '.join(allowed)}")
+        if not 0 <= confidence_threshold < 1:
+            raise ValueError(f"confidence_threshold is {confidence_threshold}; allowed: [0, 1)")
         if distill_epochs < 0 or distill_batch_size < 1 or distill_lr <= 0:
             raise ValueError("distill_epochs >= 0, distill_batch_size >= 1 and distill_lr > 0 "
                              f"are needed; got {distill_epochs}, {distill_batch_size}, "
@@ -89,7 +98,8 @@ class EnsembleDistillation(ServerUpdateFedAvg):
         self.distill_lr, self.distill_optimizer = distill_lr, distill_optimizer
         self.distill_momentum, self.distill_schedule = distill_momentum, distill_schedule
         self.ensemble_space, self.views = ensemble_space, 2 if flip_views else 1
-        self.view_draw = view_draw
+        self.view_draw, self.teacher_floor = view_draw, teacher_floor
+        self.confidence_threshold = confidence_threshold
 
     def summary(self) -> None:
         super().summary()
@@ -114,12 +124,24 @@ class EnsembleDistillation(ServerUpdateFedAvg):
                                batch_size=self.distill_batch_size,
                                seed=round_seed(self.seed, server_round),
                                view_draw=self.view_draw)
-        start = time.perf_counter()
-        targets = view_pseudo_labels(lambda v, s: self.scores(teachers, nets, u, s, v),
-                                     len(u), n_k, self.weighting, batches, views=self.views,
-                                     space=self.ensemble_space)
-        labelling = time.perf_counter() - start
         student, lr = self.load(averaged.to_torch_state_dict()), self.server_lr(server_round)
+
+        def scores(v: int, samples: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            logits, log_odds = self.scores(teachers, nets, u, samples, v)
+            if self.teacher_floor:  # the average's own logits last: the floor, not a teacher
+                own = teacher_logits([student], u[samples], device=self.device,
+                                     flip=v == 1, amp=self.device.type == "cuda")
+                logits = torch.cat([logits, own])
+            return logits, log_odds
+
+        start = time.perf_counter()
+        targets = view_pseudo_labels(scores, len(u), n_k, self.weighting, batches,
+                                     views=self.views, space=self.ensemble_space,
+                                     floor=self.teacher_floor)
+        labelling = time.perf_counter() - start
+        met = sum(len(b) for b in batches)
+        if self.confidence_threshold > 0:
+            batches = confident_batches(batches, targets, self.confidence_threshold)
         info = distill(student, u, targets, batches=batches, lr=lr, device=self.device,
                        amp=self.device.type == "cuda", optimizer=self.distill_optimizer,
                        momentum=self.distill_momentum)
@@ -129,6 +151,7 @@ class EnsembleDistillation(ServerUpdateFedAvg):
         return ArrayRecord(student.cpu().state_dict()), {
             "distill-loss": info["distill_loss"], "distill-lr": lr,
             "distill-teachers": len(teachers), "pseudo-label-seconds": labelling,
+            "distill-kept": sum(len(b) for b in batches) / met,
             "distill-seconds": info["seconds"]}
 
     # --- what a strategy changes

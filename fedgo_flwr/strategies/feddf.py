@@ -15,8 +15,8 @@ class FedDF(EnsembleDistillation):
 
     Parameters
     ----------
-    unlabeled_data, model_fn, distill_*, ensemble_space, flip_views, view_draw, seed, device,
-    **kwargs
+    unlabeled_data, model_fn, distill_*, ensemble_space, flip_views, view_draw, teacher_floor,
+    confidence_threshold, seed, device, **kwargs
         As in `EnsembleDistillation` (fedgo_flwr.strategies.ensemble), and Flower's `FedAvg`
         keywords.
     """

@@ -40,7 +40,8 @@ class FedGO(EnsembleDistillation):
 
     Parameters
     ----------
-    unlabeled_data, model_fn, distill_*, ensemble_space, flip_views, view_draw, seed, device
+    unlabeled_data, model_fn, distill_*, ensemble_space, flip_views, view_draw, teacher_floor,
+    confidence_threshold, seed, device
         As in `EnsembleDistillation` (fedgo_flwr.strategies.ensemble).
     weighting : str | Callable (default: "odds")
         The rule w_k(u): "odds" (the paper's eq. 9) or another of fedgo_flwr.weighting's
