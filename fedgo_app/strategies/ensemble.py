@@ -8,7 +8,10 @@ Strategies differ only in the weighting rule and the discriminator log-odds it s
 uniform, no discriminators; FedGO: odds). `averaged-share` > 0 (not in the papers) makes the
 round's averaged model one more teacher with that share of the weight; `distillation-guard =
 clients` (not in the papers either) keeps the averaged model where clients that did not train
-score it above the distilled one. FedDF's published update (step budget, clipping,
+score it above the distilled one; `teacher-floor` keeps the averaged model's own label where it
+is surer than the ensemble, and `confidence-threshold` distils only on sure pseudo-labels
+(neither in the papers; the diagnostics score all of them on the run's own models every
+round). FedDF's published update (step budget, clipping,
 early stopping on labelled data) overrides `distill_batches` and `distill_student` behind
 `feddf-published`.
 """
