@@ -3,7 +3,7 @@
     python -m fedgo_lab.report RESULTS_DIR [RESULTS_DIR ...] [--plot FILE.png]
                                [--metric server_test_acc] [--by KEY] [--title TEXT]
                                [--diagnostics] [--communication] [--gap] [--of LABEL]
-                               [--update docs/results.md]
+                               [--horizon N] [--update docs/results.md]
 
 prints, per row (a strategy as its spec names it from the record's config, e.g.
 `fedgo[beta=4]`) and alpha, the mean and std over seeds of the last round's server and
@@ -17,7 +17,9 @@ round, whole run) and its clients' compute seconds (per round, pre-FL), with the
 stage's share of each (FedGO's "negligible overhead"); --gap, per alpha, how much of
 the gap between the odds and the label oracle each option beyond the paper closes (the
 diagnostics of the runs of the row --of, fedgo by default); --of LABEL, the per-seed
-differences of that row to every other (last round, last three, all rounds); --update FILE
+differences of that row to every other (last round, last three, all rounds); --horizon N,
+for long runs, the first N and the last N rounds, the best round, the ensemble over the last
+N and the rounds and seconds to target (with --of, per-seed differences over both); --update FILE
 rewrites, in a Markdown file, each of these tables (summary, per-seed differences in the last
 round, over the last three and over all rounds, gap, communication) found there by its header,
 from the records.
@@ -77,11 +79,12 @@ CENTRAL = "central"
 FOCUS = "fedgo"
 
 
-def last_mean(rec: dict, last: int = 3, metric: str = "server_test_acc") -> float:
-    """A record's metric averaged over its last `last` federated rounds (a fraction; round 0,
-    the evaluation before training, never counts)."""
-    rounds = [r for r in rec["rounds"] if r["round"] > 0][-last:]
-    return statistics.mean(r[metric] for r in rounds)
+def last_mean(rec: dict, last: int = 3, metric: str = "server_test_acc",
+              first: int | None = None) -> float:
+    """A record's metric averaged over its last `last` federated rounds, or with `first` over
+    its first `first` (a fraction; round 0, the evaluation before training, never counts)."""
+    rounds = [r for r in rec["rounds"] if r["round"] > 0]
+    return statistics.mean(r[metric] for r in (rounds[:first] if first else rounds[-last:]))
 
 
 def label(rec: dict) -> str:
@@ -168,25 +171,76 @@ def personal_table(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def seconds_to_target(rec: dict, target: float, metric: str = "server_test_acc"
+                      ) -> float | None:
+    """The run's seconds until its first round at the target: its pre-FL stage and every
+    round's wall time up to that round (None if never reached)."""
+    spent = sum(rec.get("timings", {}).get(k, 0.0)
+                for k in ("generator_training", "discriminator_training", "odds"))
+    for r in rec["rounds"]:
+        spent += r.get("round_seconds", 0.0)
+        if r["round"] > 0 and r[metric] >= target - 1e-9:
+            return spent
+    return None
+
+
+def horizon_table(records: list[dict], window: int = 10) -> str:
+    """Both horizons of long runs (issue 46), per row and alpha, mean ± std over seeds: the
+    server accuracy averaged over the first `window` rounds and over the last `window`, the
+    best round, the ensemble's accuracy over the last `window` (the teacher against the
+    student), and the rounds and seconds to FedAvg's target."""
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for alpha, recs in by_alpha(records).items():
+        for rec in recs:
+            if rec["config"]["strategy"] != CENTRAL:
+                groups[(label(rec), alpha)].append(rec)
+    targets = {alpha: fedavg_target([r for r in records if r["config"]["alpha"] == alpha])
+               for _, alpha in groups}
+    lines = [f"| strategy | alpha | seeds | rounds | server acc, first {window} (%) | "
+             f"server acc, last {window} (%) | best round (%) | ensemble acc, last {window} "
+             "(%) | rounds to target | seconds to target (target) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for (name, alpha), recs in sorted(groups.items()):
+        ensemble = [last_mean(r, window, "ensemble_test_acc") for r in recs
+                    if all("ensemble_test_acc" in x for x in r["rounds"][1:])]
+        target = targets[alpha]
+        to_target = seconds = "-"
+        if target is not None:
+            to_target = rounds_to_target(recs, target)
+            hits = [t for t in (seconds_to_target(r, target) for r in recs) if t is not None]
+            seconds = (f"{statistics.mean(hits):.0f} ({100 * target:.0f}%)" if hits
+                       else f"not reached ({100 * target:.0f}%)")
+        lines.append(
+            f"| {name} | {alpha:g} | {','.join(str(r['config']['seed']) for r in recs)} | "
+            f"{recs[0]['rounds'][-1]['round']} | "
+            f"{mean_std([last_mean(r, first=window) for r in recs])} | "
+            f"{mean_std([last_mean(r, window) for r in recs])} | "
+            f"{mean_std([max(x['server_test_acc'] for x in r['rounds']) for r in recs])} | "
+            f"{mean_std(ensemble)} | {to_target} | {seconds} |")
+    return "\n".join(lines)
+
+
 # The windows of the per-seed differences: the last round, the last three, every round.
 SEED_WINDOWS = (1, 3, None)
 
 
 def seed_differences(records: list[dict], of: str = FOCUS,
-                     metric: str = "server_test_acc", last: int | None = 1) -> str:
+                     metric: str = "server_test_acc", last: int | None = 1,
+                     first: int | None = None) -> str:
     """Per alpha and seed, `metric` of row `of` minus that of every other row (points), in
     the last round, averaged over the `last` rounds, or (last=None) over every round after
-    round 0, the paper's accuracy over the rounds; so a lead or deficit is seen seed by seed,
-    not only in the means."""
+    round 0, the paper's accuracy over the rounds, or over the `first` rounds; so a lead or
+    deficit is seen seed by seed, not only in the means."""
     cells: dict[tuple, dict[str, float]] = defaultdict(dict)
     for alpha, recs in by_alpha(records).items():
         for rec in recs:
             if rec["config"]["strategy"] != CENTRAL:
                 cells[(alpha, rec["config"]["seed"])][label(rec)] = last_mean(
-                    rec, last or len(rec["rounds"]), metric)
+                    rec, last or len(rec["rounds"]), metric, first)
     others = sorted({name for row in cells.values() for name in row} - {of})
     shown = of if metric == "server_test_acc" else f"{of} {metric.removesuffix('_test_acc')}"
-    what = (f"{shown} (%)" if last == 1 else f"{shown}, mean of last {last} (%)" if last
+    what = (f"{shown}, mean of first {first} (%)" if first else f"{shown} (%)" if last == 1
+            else f"{shown}, mean of last {last} (%)" if last
             else f"{shown}, mean over all rounds (%)")
     lines = [f"| alpha | seed | {what} | " + " | ".join(f"{of} − {o}" for o in others) + " |",
              "|" + "---|" * (3 + len(others))]
@@ -443,6 +497,11 @@ def main(argv: list[str] | None = None) -> int:
                              "'fedgo[beta=4]') to every other row, in the last round, over the "
                              "last three and over all rounds (with --personalised: of the "
                              "personalised accuracy)")
+    parser.add_argument("--horizon", type=int, metavar="N",
+                        help="long runs: the server accuracy over the first N and the last N "
+                             "rounds, the best round, the ensemble over the last N, rounds and "
+                             "seconds to target, per row (with --of: per-seed differences over "
+                             "both windows)")
     parser.add_argument("--personalised", action="store_true",
                         help="the clients' accuracy on their personal test splits "
                              "(personal-test-fraction) beside the server's, per row")
@@ -482,6 +541,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.gap:
         print(gap_table(records, of=args.of or FOCUS))
+        return 0
+    if args.horizon:
+        print(horizon_table(records, args.horizon))
+        for window in ({"first": args.horizon}, {"last": args.horizon}) if args.of else ():
+            print("\n" + seed_differences(records, of=args.of, **window))
         return 0
     if args.of:
         for last in SEED_WINDOWS:

@@ -199,3 +199,25 @@ def test_report_warns_when_a_table_mixes_devices(tmp_path, capsys):
     assert main([str(tmp_path)]) == 0
     err = capsys.readouterr().err
     assert "different devices" in err and "'CPU'" in err and "H100" in err
+
+
+def test_the_horizon_table_shows_both_windows_the_best_round_and_the_time_to_target():
+    from fedgo_lab.report import horizon_table, seed_differences
+    fedavg = curve("fedavg", 0, [0.1, 0.2, 0.3, 0.5, 0.6, 0.7])  # target 70 %
+    fedgo = curve("fedgo", 0, [0.1, 0.6, 0.7, 0.65, 0.6, 0.6])
+    fedgo["timings"] = {"generator_training": 100.0, "discriminator_training": 20.0}
+    for rec, seconds in ((fedavg, 5.0), (fedgo, 30.0)):
+        for r in rec["rounds"]:
+            r["round_seconds"] = seconds if r["round"] else 0.0
+            r["ensemble_test_acc"] = r["server_test_acc"] - 0.05
+    rows = horizon_table([fedavg, fedgo], window=2).splitlines()
+    assert rows[0].split("|")[5:9] == [" server acc, first 2 (%) ", " server acc, last 2 (%) ",
+                                       " best round (%) ", " ensemble acc, last 2 (%) "]
+    # fedgo: first two rounds 60, 70 -> 65; last two 60, 60; best 70; ensemble 55; round 2;
+    # 100 + 20 s of pre-FL and two 30 s rounds
+    assert rows[3] == ("| fedgo | 0.1 | 0 | 5 | 65.00 ± 0.00 | 60.00 ± 0.00 | 70.00 ± 0.00 | "
+                       "55.00 ± 0.00 | 2.0 ± 0.0 | 180 (70%) |")
+    assert rows[2].endswith("| 5.0 ± 0.0 | 25 (70%) |")  # fedavg: five 5 s rounds
+    first = seed_differences([fedavg, fedgo], of="fedgo", first=2).splitlines()
+    assert first[0].startswith("| alpha | seed | fedgo, mean of first 2 (%) |")
+    assert first[2] == "| 0.1 | 0 | 65.0 | +40.0 |"  # 65 against fedavg's 25
