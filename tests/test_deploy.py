@@ -102,13 +102,17 @@ def test_fedgo_runs_on_a_tls_deployment_with_authenticated_supernodes(deployment
 def test_a_run_goes_on_without_supernodes_lost_before_and_during_it(deployment, tiny_data_dir,
                                                                     tmp_path):
     """SuperNode 2 stopped before the run, SuperNode 1 once round 1 is checkpointed: the run
-    completes with partition 0 (and 1 until it went), and the record names both."""
+    completes with partition 0 (and 1 until it went), and the record names both. The waits
+    are not what ends a round here: a stopped SuperNode's messages come back as the
+    SuperLink's "Node Unavailable" errors (at once, or after its missed heartbeats), so the
+    round timeout is long enough that a busy machine's slow replies still come within it;
+    only the discovery waits its whole join-timeout, for the partition that never comes."""
     env, supernodes = deployment["env"], deployment["pids"]["supernodes"]
     os.killpg(supernodes[2], signal.SIGTERM)
     deploy._wait_for(lambda: not deploy._alive(supernodes[2]), 30, "SuperNode 2 did not stop")
     results = tmp_path / "results"
     overrides = (f'data-dir="{tiny_data_dir}" results-dir="{results}" run-name="lost" '
-                 f"fraction-train=1.0 join-timeout=30 round-timeout=30 checkpoint-keep=3 "
+                 f"fraction-train=1.0 join-timeout=60 round-timeout=300 checkpoint-keep=3 "
                  f"{TINY.format(rounds=3)}")
     log = open(tmp_path / "run.log", "w")
     app = subprocess.Popen([str(Path(sys.executable).parent / "flwr"), "run", str(REPO),
@@ -125,8 +129,7 @@ def test_a_run_goes_on_without_supernodes_lost_before_and_during_it(deployment, 
     out = (tmp_path / "run.log").read_text()
     record = json.loads((results / "lost" / "record.json").read_text())
     assert record["clients"]["missing_at_start"] == [2], out[-3000:]
-    # both live SuperNodes' discriminators: in the stage's wait, or joined when they came (on
-    # a loaded machine one can come after the 30 s wait)
+    # both live SuperNodes' discriminators: in the stage's wait, or joined when they came
     pre_fl = record["pre_fl"]
     assert pre_fl["replies"]["usable"] + len(pre_fl.get("joined_late", [])) == 2, out[-3000:]
     rounds = record["rounds"][1:]
@@ -137,7 +140,7 @@ def test_a_run_goes_on_without_supernodes_lost_before_and_during_it(deployment, 
     assert lost + 1 < len(rounds)  # at least one round ran without it
     assert all(r["replies"]["usable"] >= 1 for r in rounds)
     assert [r["round"] for r in record["rounds"]] == [0, 1, 2, 3]
-    assert "partitions [2] of 3 did not answer within 30s" in out
+    assert "partitions [2] of 3 did not answer within 60s" in out
 
 
 def test_an_unregistered_supernode_is_refused(tmp_path):
