@@ -2,13 +2,12 @@
 SuperLink of one FLWR_HOME is stopped by PID without touching anyone else's."""
 
 import subprocess
-import sys
 import time
 
 import pytest
 
 from conftest import REPO
-from fedgo_lab.runconfig import problem
+from fedgo_lab.runconfig import main, problem
 
 pytestmark = pytest.mark.unit
 
@@ -29,13 +28,15 @@ def test_a_good_run_config_and_a_preset_pass():
     assert problem([]) is None
 
 
-def test_the_command_prints_one_line_and_exits_2():
-    done = subprocess.run([sys.executable, "-m", "fedgo_lab.runconfig", "-c", "alpah=0.1"],
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2
-    assert done.stderr.strip().splitlines() == [
+def test_the_command_prints_one_line_and_exits_2(capsys):
+    with pytest.raises(SystemExit) as ended:
+        main(["--stream", "-c", "alpah=0.1"])
+    assert ended.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
         "[run] bad run config: unknown run-config key 'alpah' (close: alpha); every key is in "
         "docs/configuration.md"]
+    main(["-c", "alpha=0.5"])  # a good one: nothing printed, no exit
+    assert capsys.readouterr().err == ""
 
 
 def test_stop_superlink_stops_only_the_superlink_of_its_flwr_home(tmp_path):
