@@ -3,7 +3,7 @@
     python -m fedgo_lab.report RESULTS_DIR [RESULTS_DIR ...] [--plot FILE.png]
                                [--metric server_test_acc] [--by KEY] [--title TEXT]
                                [--diagnostics] [--communication] [--gap] [--of LABEL]
-                               [--horizon N] [--update docs/results.md]
+                               [--horizon N] [--lasting N] [--update docs/results.md]
 
 prints, per row (a strategy as its spec names it from the record's config, e.g.
 `fedgo[beta=4]`) and alpha, the mean and std over seeds of the last round's server and
@@ -19,7 +19,9 @@ the gap between the odds and the label oracle each option beyond the paper close
 diagnostics of the runs of the row --of, fedgo by default); --of LABEL, the per-seed
 differences of that row to every other (last round, last three, all rounds); --horizon N,
 for long runs, the first N and the last N rounds, the best round, the ensemble over the last
-N and the rounds and seconds to target (with --of, per-seed differences over both); --update FILE
+N and the rounds and seconds to target (with --of, per-seed differences over both); --lasting
+N, per record with diagnostics and per N rounds, the teachers the lasting options would give
+against the averaged model they distil; --update FILE
 rewrites, in a Markdown file, each of these tables (summary, per-seed differences in the last
 round, over the last three and over all rounds, gap, communication) found there by its header,
 from the records.
@@ -217,6 +219,36 @@ def horizon_table(records: list[dict], window: int = 10) -> str:
             f"{mean_std([last_mean(r, window) for r in recs])} | "
             f"{mean_std([max(x['server_test_acc'] for x in r['rounds']) for r in recs])} | "
             f"{mean_std(ensemble)} | {to_target} | {seconds} |")
+    return "\n".join(lines)
+
+
+def lasting_table(record: dict, window: int = 10, level: str = "0.9") -> str:
+    """Per window of `window` rounds of a record with diagnostics (issue 46): the mean test
+    accuracy (%) of the server model, the averaged model before distillation, the round's
+    teacher, and the teachers the lasting options would give on the same client models
+    (`teacher-floor`, `averaged-share` 0.5) with the share of images the floor hands to the
+    averaged model, and at confidence `level` the share of images kept and the teacher's and
+    the averaged model's accuracy on them. Where every teacher stays below the averaged
+    model, distillation pulls the server model down."""
+    rounds = [r for r in record["rounds"] if "lasting" in r.get("diagnostics", {})]
+    if not rounds:
+        return "(no lasting diagnostics in this record: run it with diagnostics = true)"
+    space = record["config"].get("ensemble-space", "logits")
+    lines = [f"| rounds | server | averaged (before distillation) | teacher | floored teacher "
+             f"| teacher with averaged member | floor's own share | kept at {level} | "
+             f"teacher there | averaged there |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for start in range(0, len(rounds), window):
+        part = rounds[start:start + window]
+        d = [r["diagnostics"] for r in part]
+        sure = [x["lasting"]["confident"][level] for x in d]
+        cells = [statistics.mean(v) for v in (
+            [r["server_test_acc"] for r in part], [x["averaged"]["acc"] for x in d],
+            [r["ensemble_test_acc"] for r in part], [x["lasting"]["floor"]["acc"] for x in d],
+            [x[space]["active+averaged"]["acc"] for x in d],
+            [x["lasting"]["floor"]["own_share"] for x in d], [c["kept"] for c in sure],
+            [c["acc"] for c in sure], [c["averaged_acc"] for c in sure])]
+        lines.append(f"| {part[0]['round']}-{part[-1]['round']} | "
+                     + " | ".join(f"{100 * c:.1f}" for c in cells) + " |")
     return "\n".join(lines)
 
 
@@ -502,6 +534,10 @@ def main(argv: list[str] | None = None) -> int:
                              "rounds, the best round, the ensemble over the last N, rounds and "
                              "seconds to target, per row (with --of: per-seed differences over "
                              "both windows)")
+    parser.add_argument("--lasting", type=int, metavar="N",
+                        help="per record with diagnostics, per window of N rounds: the server, "
+                             "the averaged model before distillation, the teacher and the "
+                             "teachers the lasting options would give on the same models")
     parser.add_argument("--personalised", action="store_true",
                         help="the clients' accuracy on their personal test splits "
                              "(personal-test-fraction) beside the server's, per row")
@@ -529,6 +565,12 @@ def main(argv: list[str] | None = None) -> int:
             print(diagnostics_table(rec))
         if not with_diagnostics:
             print("no record has diagnostics: run with diagnostics = true")
+        return 0
+    if args.lasting:
+        for rec in records:
+            if any("lasting" in x.get("diagnostics", {}) for x in rec["rounds"]):
+                print(f"\n### {rec['run_name']} ({label(rec)}, alpha {rec['config']['alpha']})\n")
+                print(lasting_table(rec, args.lasting))
         return 0
     if args.communication:
         print(communication_table(records))

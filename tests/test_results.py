@@ -221,3 +221,18 @@ def test_the_horizon_table_shows_both_windows_the_best_round_and_the_time_to_tar
     first = seed_differences([fedavg, fedgo], of="fedgo", first=2).splitlines()
     assert first[0].startswith("| alpha | seed | fedgo, mean of first 2 (%) |")
     assert first[2] == "| 0.1 | 0 | 65.0 | +40.0 |"  # 65 against fedavg's 25
+
+
+def test_the_lasting_table_sets_each_teacher_beside_the_averaged_model():
+    from fedgo_lab.report import lasting_table
+    sure = {"kept": 0.5, "acc": 0.9, "averaged_acc": 0.8}
+    rounds = [{"round": 0, "server_test_acc": 0.1}] + [
+        {"round": t, "server_test_acc": 0.7, "ensemble_test_acc": 0.6,
+         "diagnostics": {"averaged": {"acc": 0.75},
+                         "logits": {"active+averaged": {"acc": 0.65 + 0.01 * t}},
+                         "lasting": {"floor": {"acc": 0.72, "own_share": 0.3},
+                                     "confident": {"0.9": sure}}}} for t in (1, 2, 3)]
+    rows = lasting_table({"config": {}, "rounds": rounds}, window=2).splitlines()
+    assert rows[2] == "| 1-2 | 70.0 | 75.0 | 60.0 | 72.0 | 66.5 | 30.0 | 50.0 | 90.0 | 80.0 |"
+    assert rows[3].startswith("| 3-3 | 70.0 | 75.0 | 60.0 | 72.0 | 68.0 |")
+    assert "no lasting diagnostics" in lasting_table({"config": {}, "rounds": rounds[:1]})
