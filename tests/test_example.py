@@ -86,13 +86,17 @@ def test_the_example_runs_from_the_wheel_with_a_real_flwr_run(strategy, user_env
                  "fraction-train=1.0 fraction-evaluate=1.0 fedgo.generator-steps=3 "
                  "fedgo.discriminator-epochs=1 fedgo.generator-width=8 "
                  "fedgo.discriminator-width=8 dafkd.gan-rounds=1 dafkd.generator-width=8")
+    # The local SuperLink the first run starts serves the module's runs, and its processes
+    # start in the first run's folder: one that outlives each test's own (removed when it
+    # passes), or the later runs' processes start in a folder that is gone.
+    here = Path(superlink_env["FLWR_HOME"])
     run = subprocess.run(
         [str(user_env / "flwr"), "run", str(app), "--stream", "--federation-config",
          f"num-supernodes={NODES} client-resources-num-cpus=1", "-c", overrides],
-        cwd=tmp_path, env=superlink_env, capture_output=True, text=True, timeout=600)
+        cwd=here, env=superlink_env, capture_output=True, text=True, timeout=600)
     log = run.stdout + run.stderr
     assert run.returncode == 0, log[-3000:]
-    assert _status(superlink_env, tmp_path, log) == "finished:completed", log[-3000:]
+    assert _status(superlink_env, here, log) == "finished:completed", log[-3000:]
     result = json.loads((out / "result.json").read_text())
     assert result["strategy"] == strategy
     assert sorted(result["train"]) == ["1", "2"]
