@@ -27,8 +27,9 @@
 # pretrain_generator processes at once with 16 threads each crawl). Records of an earlier call
 # in results/rerun/<plan>/ are skipped (the call resumes: unpack its records.tgz there and
 # send it along), and so are those in RESUME_FROM=<folder> (e.g. docs/records/<plan>: committed
-# records travel without a carry). Prefixes order the runs: the ones
-# named first start first (give the longest, so the plan ends soonest), then by seed.
+# records travel without a carry). Prefixes (a cell's name, or its name and alpha:
+# fedgo-cal-a0.1) order the runs: the ones named first start first (give the longest, so the
+# plan ends soonest), then by seed; the rest after them.
 # PAR runs at once (8 on 16 cores; 12 was not faster), MINUTES: start no run after, BUDGET:
 # seconds before everything stops. One plan at a time: each rerun gives its processes the
 # host's cores / PAR threads as if alone, and two plans at once ran three to four times
@@ -77,10 +78,13 @@ names=$(python3 - "$plan" "$@" <<'PY'
 import sys
 from pathlib import Path
 from fedgo_lab.bench import cells_of, load_plan
+import re
 plan, order = sys.argv[1], sys.argv[2:]
 cells = [c.run_name for c in cells_of(load_plan(Path(plan)), Path("/tmp/x"), Path("."))
          if c.central is None]
-rank = lambda n: next((i for i, p in enumerate(order) if n.startswith(p + "-a")), len(order))
+# a prefix is a cell name (fedgo-cal: not fedgo-cal-guard), with or without its alpha
+rank = lambda n: next((i for i, p in enumerate(order)
+                       if re.fullmatch(re.escape(p) + r"(-a[0-9.]+)?-s[0-9]+", n)), len(order))
 print(" ".join(sorted(cells, key=lambda n: (rank(n), n.rsplit("-s", 1)[1]))))
 PY
 )
