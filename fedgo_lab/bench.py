@@ -195,6 +195,35 @@ def expected_seconds(cells: list[Cell], out: Path) -> dict[str, float]:
     return {k: wall + START_SECONDS for k, (_, wall) in latest.items()}
 
 
+def local_superlinks(flwr_home: Path) -> list[int]:
+    """PIDs of the local SuperLinks that `flwr` started for this FLWR_HOME."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if "flower-superlink" in cmd and str(flwr_home) in cmd:
+                pids.append(int(entry.name))
+    return pids
+
+
+def flwr_home() -> Path:
+    return Path(os.environ.get("FLWR_HOME") or Path.home() / ".flwr")
+
+
+def stop_started_superlink(repo: Path, running_before: list[int]) -> None:
+    """`flwr run` starts a local SuperLink when none runs and leaves it running: stop the one
+    this plan's runs started (by PID, scripts/stop-superlink.sh), never one that ran before."""
+    home = flwr_home()
+    if not running_before and local_superlinks(home):
+        done = subprocess.run(["bash", str(repo / "scripts" / "stop-superlink.sh")],
+                              env={**os.environ, "FLWR_HOME": str(home)}, capture_output=True,
+                              text=True, timeout=120)
+        print((done.stdout + done.stderr).strip(), flush=True)
+
+
 def run_cell(cell: Cell, federation: dict, out: Path, tag: str, repo: Path) -> None:
     """One real `flwr run` of the app in `repo`, its progress lines echoed, its status
     checked."""
@@ -277,6 +306,19 @@ def main(argv: list[str] | None = None) -> int:
         for c in cells:
             print(f"  {'done' if c not in todo else 'todo'}  {c.run_name}")
         return 0
+    running_before = local_superlinks(flwr_home())
+    try:
+        run_plan(args, plan, todo, cells, out, repo)
+    finally:
+        stop_started_superlink(repo, running_before)
+    table = write_report(out, plan["alphas"])
+    print(f"\n{table}\n\n[bench] table and plots in {out}")
+    return 0
+
+
+def run_plan(args, plan: dict, todo: list[Cell], cells: list[Cell], out: Path,
+             repo: Path) -> None:
+    """The cells still to do, one after another, within --max-minutes."""
     start, budget = time.perf_counter(), 60 * (args.max_minutes or float("inf"))
     expected, ran, deferred = expected_seconds(cells, out), 0, []
     for i, cell in enumerate(todo, 1):
@@ -309,9 +351,6 @@ def main(argv: list[str] | None = None) -> int:
         if deferred:
             print(f"[bench] {len(deferred)} run(s) deferred to the next invocation: "
                   f"{', '.join(c.run_name for c in deferred)}", flush=True)
-    table = write_report(out, plan["alphas"])
-    print(f"\n{table}\n\n[bench] table and plots in {out}")
-    return 0
 
 
 if __name__ == "__main__":

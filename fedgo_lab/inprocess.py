@@ -4,8 +4,10 @@ code, with messages handed straight to `client_app(message, context)` one after 
 instead of travelling through a SuperLink; nodes can be taken offline and brought back, or
 lost (still listed, answered by the SuperLink's "Node Unavailable" error). Every message and
 reply travels as the real runtime sends it: serialised to Flower's protobuf bytes and read
-back (`wire`), so what reaches a client or the server is what the wire carries. The real
-runtime (SuperLink + Ray) is what `flwr run` uses and what tests/test_flwr_run.py exercises."""
+back (`wire`), so what reaches a client or the server is what the wire carries; so does each
+node's Context between its messages (`kept`), as the simulation hands it to and from a Ray
+worker, so what a client keeps in `context.state` must survive the trip. The real runtime
+(SuperLink + Ray) is what `flwr run` uses and what tests/test_flwr_run.py exercises."""
 
 from __future__ import annotations
 
@@ -13,10 +15,11 @@ import itertools
 
 from flwr.app import Context, Message, RecordDict
 from flwr.app.error import Error
-from flwr.common.serde import message_from_proto, message_to_proto
+from flwr.common.serde import (context_from_proto, context_to_proto, message_from_proto,
+                               message_to_proto)
 from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 from flwr.serverapp import Grid
-from flwr.proto.message_pb2 import Message as ProtoMessage
+from flwr.proto.message_pb2 import Context as ProtoContext, Message as ProtoMessage
 from flwr.supercore.task_identity import TaskIdentity
 
 RUN_ID = 7
@@ -25,6 +28,12 @@ RUN_ID = 7
 def wire(message: Message) -> Message:
     """The message as it arrives: to Flower's protobuf bytes and back."""
     return message_from_proto(ProtoMessage.FromString(message_to_proto(message)
+                                                      .SerializeToString()))
+
+
+def kept(context: Context) -> Context:
+    """A node's Context as the next message finds it: to Flower's protobuf bytes and back."""
+    return context_from_proto(ProtoContext.FromString(context_to_proto(context)
                                                       .SerializeToString()))
 
 
@@ -99,9 +108,11 @@ class InProcessGrid(Grid):
         return reply
 
     def _answer(self, msg):
-        context = self.nodes[msg.metadata.dst_node_id]
+        node = msg.metadata.dst_node_id
+        context = self.nodes[node]
         try:
             reply = self.client_app(msg, context)
+            self.nodes[node] = kept(context)
         except Exception as exc:  # the real runtime turns exceptions into error replies
             reply = Message(Error(code=0, reason=repr(exc)), reply_to=msg)
         return wire(self.tamper(reply) if self.tamper else reply)

@@ -1,7 +1,7 @@
 """The example app as a Flower user runs it: copied out of the repository, with the wheel
 built from this repository installed into an environment of its own (nothing else of the
-repository on its path), through a real `flwr run` in simulation. The same test swaps
-FedGO for FedDF and DaFKD by the one line the example says to change."""
+repository on its path), through a real `flwr run` in simulation; and with FedGO swapped for
+FedDF and DaFKD by the one line the example says to change."""
 
 import json
 import os
@@ -17,7 +17,6 @@ import pytest
 from conftest import REPO, write_tiny_fmnist
 from test_flwr_run import _free_port, _status, _superlink_pids
 
-pytestmark = pytest.mark.e2e
 
 EXAMPLE = REPO / "examples" / "quickstart-fedgo"
 THE_LINE = "from fedgo_flwr import FedGO as Strategy\n"
@@ -71,9 +70,8 @@ def superlink_env(user_env, tmp_path_factory):
         os.kill(pid, signal.SIGTERM)
 
 
-@pytest.mark.parametrize("strategy", ["FedGO", "FedDF", "DaFKD"])
-def test_the_example_runs_from_the_wheel_with_a_real_flwr_run(strategy, user_env,
-                                                               superlink_env, tmp_path):
+def _example(tmp_path, strategy: str) -> tuple[Path, Path, Path]:
+    """The example copied out, its one line set to `strategy`; tiny data beside it."""
     app = tmp_path / "quickstart-fedgo"
     shutil.copytree(EXAMPLE, app, ignore=shutil.ignore_patterns("__pycache__"))
     server = app / "fedgo_example" / "server_app.py"
@@ -82,21 +80,16 @@ def test_the_example_runs_from_the_wheel_with_a_real_flwr_run(strategy, user_env
     server.write_text(source.replace(THE_LINE, THE_LINE.replace("FedGO", strategy)))
     data, out = tmp_path / "data", tmp_path / "out"
     write_tiny_fmnist(data / "FashionMNIST" / "raw", n_train=600, n_test=100)
-    overrides = (f"data-dir='{data}' output-dir='{out}' num-server-rounds=2 server-size=150 "
-                 "fraction-train=1.0 fraction-evaluate=1.0 fedgo.generator-steps=3 "
-                 "fedgo.discriminator-epochs=1 fedgo.generator-width=8 "
-                 "fedgo.discriminator-width=8 dafkd.gan-rounds=1 dafkd.generator-width=8")
-    # The local SuperLink the first run starts serves the module's runs, and its processes
-    # start in the first run's folder: one that outlives each test's own (removed when it
-    # passes), or the later runs' processes start in a folder that is gone.
-    here = Path(superlink_env["FLWR_HOME"])
-    run = subprocess.run(
-        [str(user_env / "flwr"), "run", str(app), "--stream", "--federation-config",
-         f"num-supernodes={NODES} client-resources-num-cpus=1", "-c", overrides],
-        cwd=here, env=superlink_env, capture_output=True, text=True, timeout=600)
-    log = run.stdout + run.stderr
-    assert run.returncode == 0, log[-3000:]
-    assert _status(superlink_env, here, log) == "finished:completed", log[-3000:]
+    return app, data, out
+
+
+OVERRIDES = {"num-server-rounds": 2, "server-size": 150, "fraction-train": 1.0,
+             "fraction-evaluate": 1.0, "fedgo.generator-steps": 3,
+             "fedgo.discriminator-epochs": 1, "fedgo.generator-width": 8,
+             "fedgo.discriminator-width": 8, "dafkd.gan-rounds": 1, "dafkd.generator-width": 8}
+
+
+def _check_result(out: Path, strategy: str) -> None:
     result = json.loads((out / "result.json").read_text())
     assert result["strategy"] == strategy
     assert sorted(result["train"]) == ["1", "2"]
@@ -110,3 +103,53 @@ def test_the_example_runs_from_the_wheel_with_a_real_flwr_run(strategy, user_env
     assert sorted(evaluations) == ["0", "1", "2"]
     assert evaluations["2"]["loss"] != evaluations["0"]["loss"]  # the model moved
     assert (out / "final_model.pt").is_file()
+
+
+@pytest.mark.e2e
+def test_the_example_runs_from_the_wheel_with_a_real_flwr_run(user_env, superlink_env,
+                                                               tmp_path):
+    app, data, out = _example(tmp_path, "FedGO")
+    overrides = " ".join([f"data-dir='{data}'", f"output-dir='{out}'",
+                          *(f"{k}={v}" for k, v in OVERRIDES.items())])
+    # The local SuperLink the first run starts serves the module's runs, and its processes
+    # start in the first run's folder: one that outlives each test's own (removed when it
+    # passes), or the later runs' processes start in a folder that is gone.
+    here = Path(superlink_env["FLWR_HOME"])
+    run = subprocess.run(
+        [str(user_env / "flwr"), "run", str(app), "--stream", "--federation-config",
+         f"num-supernodes={NODES} client-resources-num-cpus=1", "-c", overrides],
+        cwd=here, env=superlink_env, capture_output=True, text=True, timeout=600)
+    log = run.stdout + run.stderr
+    assert run.returncode == 0, log[-3000:]
+    assert _status(superlink_env, here, log) == "finished:completed", log[-3000:]
+    _check_result(out, "FedGO")
+
+
+# The one line swapped to FedDF or DaFKD runs the example's own ServerApp and ClientApp on the
+# in-process grid (every message through Flower's serialisation): the real runtime's part
+# is the same as FedGO's, above.
+@pytest.mark.app
+@pytest.mark.parametrize("strategy", ["FedDF", "DaFKD"])
+def test_the_examples_one_line_swaps_fedgo_for_feddf_or_dafkd(strategy, tmp_path,
+                                                               monkeypatch):
+    import tomllib
+
+    from flwr.app import Context, RecordDict
+    from flwr.common.config import flatten_dict
+
+    from fedgo_lab.inprocess import InProcessGrid
+
+    app, data, out = _example(tmp_path, strategy)
+    for name in [m for m in sys.modules if m.split(".")[0] == "fedgo_example"]:
+        monkeypatch.delitem(sys.modules, name)  # this copy's, not an earlier test's
+    monkeypatch.syspath_prepend(str(app))
+    from fedgo_example.client_app import app as client_app
+    from fedgo_example.server_app import app as server_app
+
+    project = tomllib.loads((app / "pyproject.toml").read_text())
+    run_config = {**flatten_dict(project["tool"]["flwr"]["app"]["config"]), **OVERRIDES,
+                  "data-dir": str(data), "output-dir": str(out)}
+    server_app(InProcessGrid(client_app, run_config, NODES),
+               Context(run_id=7, node_id=0, node_config={}, state=RecordDict(),
+                       run_config=run_config))
+    _check_result(out, strategy)

@@ -1,5 +1,5 @@
 """Checkpoints, resuming, and nodes that go missing, on the in-process grid (the real ServerApp
-and ClientApp code; the real runtime's kill-and-resume is in test_flwr_run.py, lost SuperNodes
+and ClientApp code; the real runtime's kill-and-resume is in test_first_run.py, lost SuperNodes
 in test_deploy.py)."""
 
 import json

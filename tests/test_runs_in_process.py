@@ -1,9 +1,10 @@
 """Each dataset with another model, each row of FedGO's Table 2 and two architectures in one
 federation, as whole runs of the real ServerApp and ClientApp in process: every message and
 reply crosses Flower's protobuf serialisation (fedgo_lab.inprocess.wire), so these prove what
-a real run's would without a SuperLink and Ray's start-up each. What only the real runtime
-shows (a user's model module on Ray's workers, FedGAN's clients, each strategy's client
-messages, node state, kill and resume) stays in tests/test_flwr_run.py."""
+a real run's would without a SuperLink and Ray's start-up each; each node's Context crosses it
+between messages too. What only the real runtime shows stays there: a user's model module
+on Ray's workers and node state kept on them (tests/test_flwr_run.py), kill and resume
+(tests/test_first_run.py)."""
 
 import json
 import logging

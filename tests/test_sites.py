@@ -61,6 +61,7 @@ def test_each_site_trains_on_its_own_folder_and_a_foreign_one_is_left_out(sites,
     assert clients["label_histograms"] == {"0": [12, 2, 0], "1": [0, 10, 3], "2": [3, 3, 9]}
     assert clients["refused"] == {
         "3": "its classes [cat, dog, fox] are not the server's [cat, dog, owl]"}
+    assert clients["missing_at_start"] == []  # refused, not missing: it answered
     assert "node 1051 (partition 3) is left out: its classes [cat, dog, fox]" in caplog.text
     assert record["rounds"][1]["clients"] == [0, 1, 2]
     assert np.isfinite(record["rounds"][1]["server_test_acc"])

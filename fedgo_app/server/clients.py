@@ -54,6 +54,11 @@ class ClientDirectory:
     def partition_ids(self) -> list[int]:
         return list(self.by_partition)
 
+    @property
+    def missing(self) -> list[int]:
+        """The partitions no node answered for (a refused partition answered)."""
+        return unanswered(self.num_partitions, self.by_partition, self.refused)
+
     def label_histograms(self, partition_ids: list[int]) -> torch.Tensor | None:
         """[K, C] label counts of these partitions, or None unless every one reported them."""
         hists = [self.by_partition[p].label_histogram for p in partition_ids]
@@ -139,7 +144,7 @@ def discover_clients(mailbox: Mailbox, timeout: float, poll: float = 2.0,
         if num_partitions is not None and len(clients) + len(refused) >= num_partitions:
             break
         if time.monotonic() > deadline:
-            missing = sorted(set(range(num_partitions or 0)) - set(clients))
+            missing = unanswered(num_partitions or 0, clients, refused)
             what = (f"partitions {missing} of {num_partitions} did not answer within "
                     f"{timeout:.0f}s (join-timeout)" if clients else
                     f"no node answered within {timeout:.0f}s (join-timeout); nodes connected: "
@@ -152,6 +157,12 @@ def discover_clients(mailbox: Mailbox, timeout: float, poll: float = 2.0,
     log(INFO, "%d clients, n_k by partition id: %s", len(clients),
         ", ".join(f"{p}: {clients[p].num_examples}" for p in sorted(clients)))
     return ClientDirectory(list(clients.values()), num_partitions, refused)
+
+
+def unanswered(num_partitions: int, clients, refused: dict[str, str]) -> list[int]:
+    """Partitions 0..K-1 neither among the clients nor refused (refused by partition id)."""
+    return sorted(set(range(num_partitions)) - set(clients)
+                  - {int(k) for k in refused if k.isdigit()})
 
 
 class Malformed(str):

@@ -162,8 +162,7 @@ class FedAvgStrategy(ServerUpdateFedAvg):
         self.record.data["clients"] = {
             "num_partitions": self.clients.num_partitions,
             "num_examples": {str(p): c.num_examples for p, c in self.clients.by_partition.items()},
-            "missing_at_start": sorted(set(range(self.clients.num_partitions))
-                                       - set(self.clients.partition_ids)),
+            "missing_at_start": self.clients.missing,
             "refused": self.clients.refused,
         }
         if cfg.attack != "none":  # the run's liars (their own clients know it too)
