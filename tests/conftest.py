@@ -101,6 +101,9 @@ TIERS = {
 
 
 def pytest_collection_modifyitems(items):
+    """Each test's tier; the e2e tests first: they are the longest (minutes each, mostly
+    waiting on processes), so the workers start them early and the suite does not end waiting
+    for one that started last."""
     for item in items:
         if any(item.get_closest_marker(tier) for tier in TIERS):
             continue
@@ -110,3 +113,4 @@ def pytest_collection_modifyitems(items):
             raise pytest.UsageError(f"{item.nodeid}: no test tier; set pytestmark = "
                                     f"pytest.mark.<{'|'.join(TIERS)}> in its module")
         item.add_marker(tier)
+    items.sort(key=lambda item: item.get_closest_marker("e2e") is None)
