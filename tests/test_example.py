@@ -111,9 +111,8 @@ def test_the_example_runs_from_the_wheel_with_a_real_flwr_run(user_env, superlin
     app, data, out = _example(tmp_path, "FedGO")
     overrides = " ".join([f"data-dir='{data}'", f"output-dir='{out}'",
                           *(f"{k}={v}" for k, v in OVERRIDES.items())])
-    # The local SuperLink the first run starts serves the module's runs, and its processes
-    # start in the first run's folder: one that outlives each test's own (removed when it
-    # passes), or the later runs' processes start in a folder that is gone.
+    # The local SuperLink the run starts, and its processes, start in the run's folder: one
+    # that outlives the test's own (removed when it passes), as the SuperLink does.
     here = Path(superlink_env["FLWR_HOME"])
     run = subprocess.run(
         [str(user_env / "flwr"), "run", str(app), "--stream", "--federation-config",
