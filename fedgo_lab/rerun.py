@@ -12,7 +12,7 @@ cell of the plan. The records it writes are ordinary run records (in --out, defa
 results/rerun/<plan name>) with the device that made them; like the bench runner it skips a
 cell whose record is already there with the same config, so an interrupted call resumes.
 --parallel N runs N cells at once in separate processes (a GPU is far from busy with one
-small CNN run); --max-minutes M starts no run after M minutes; --config overrides keys of every
+small CNN run; 1, the default, runs them one after another in this process); --max-minutes M starts no run after M minutes; --config overrides keys of every
 cell (e.g. num-server-rounds=1 for a quick check). What it answers: does the same configuration
 reach the same accuracy on this device, how much faster is it, and a whole plan's records on
 a machine that has no Ray.
@@ -26,7 +26,7 @@ import multiprocessing
 import os
 import sys
 import time
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from pathlib import Path
 
 import torch
@@ -64,9 +64,13 @@ def rerun(cfg: Config, num_clients: int) -> tuple[dict, float]:
 
 
 def worker(cfg: Config, num_clients: int, threads: int):
-    """One cell in a worker process (its own CUDA context and threads)."""
+    """One cell in a worker process (its own CUDA context and threads), or in this one."""
+    before = torch.get_num_threads()
     torch.set_num_threads(threads)
-    return rerun(cfg, num_clients)
+    try:
+        return rerun(cfg, num_clients)
+    finally:
+        torch.set_num_threads(before)
 
 
 def table(rows: list[dict], device: str) -> str:
@@ -96,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="recorded runs to compare with: DIR/<run name>/record.json")
     add_out_flag(parser, "the re-runs' records go", "results/rerun/<plan name>")
     parser.add_argument("--parallel", type=int, default=1, metavar="N",
-                        help="cells run at once, each in its own process (default 1)")
+                        help="cells run at once, each in its own process (default 1: one after "
+                        "another in this process)")
     parser.add_argument("--max-minutes", type=float, default=None, metavar="M",
                         help="start no run after this many minutes (the call resumes later)")
     add_config_flag(parser, "over every cell's")
@@ -143,8 +148,10 @@ def main(argv: list[str] | None = None) -> int:
     threads = max(1, (os.cpu_count() or 1) // args.parallel)
     num_clients = plan["federation"]["num-supernodes"]
     rows, pending = [], list(todo)  # pending: not yet started
-    with ProcessPoolExecutor(args.parallel, mp_context=multiprocessing.get_context("spawn"),
-                             max_tasks_per_child=1) as pool:
+    # one at a time needs no process of its own (a start-up of torch and Flower saved a cell)
+    pool = ThreadPoolExecutor(1) if args.parallel == 1 else ProcessPoolExecutor(
+        args.parallel, mp_context=multiprocessing.get_context("spawn"), max_tasks_per_child=1)
+    with pool:
         running = {}
         while pending or running:
             # a cell is handed to a free process only while time remains, so it starts at once

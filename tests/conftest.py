@@ -69,13 +69,14 @@ def tiny_data_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def tiny_config(tiny_data_dir, tmp_path):
-    """A FedGO config small enough for a few seconds per run."""
+    """A FedGO config small enough for a second or two per run: FedAvg's 2NN (a sixtieth of its
+    CNN's work an image) unless a test names the model it is about."""
     from fedgo_app.config import Config
     return Config().replace(
         data_dir=str(tiny_data_dir), results_dir=str(tmp_path / "results"), run_name="tiny",
         num_server_rounds=2, fraction_train=0.5, local_epochs=1, server_epochs=1,
         generator_steps=2, discriminator_epochs=1, distill_size=0, test_size=0,
-        generator_width=8, discriminator_width=8, alpha=0.5)
+        generator_width=8, discriminator_width=8, alpha=0.5, model="mlp")
 
 
 # The test models are tiny: a second intra-op thread buys nothing, and on a busy machine

@@ -129,5 +129,5 @@ def test_a_round_with_too_few_models_for_bulyan_keeps_the_previous_model(tiny_co
                               fraction_train=1.0, num_server_rounds=1)
     grid = InProcessGrid(client_app, cfg.to_run_config(), 4)  # 4 < 4f + 3
     rounds = json.loads(run(grid, cfg).read_text())["rounds"]
-    assert rounds[1]["aggregation"] == {"kept_previous": ["cnn"]}
+    assert rounds[1]["aggregation"] == {"kept_previous": [cfg.model]}
     assert rounds[1]["server_test_acc"] == rounds[0]["server_test_acc"]

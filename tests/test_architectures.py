@@ -137,7 +137,8 @@ def test_fedavg_averages_each_architecture_among_its_own_clients(tiny_config, ml
 @pytest.mark.app
 def test_a_node_chooses_its_own_architecture(tiny_config):
     """In deployment a SuperNode's --node-config "model=..." picks its architecture."""
-    cfg = tiny_config.replace(strategy="feddf", num_server_rounds=1, fraction_train=1.0)
+    cfg = tiny_config.replace(strategy="feddf", num_server_rounds=1, fraction_train=1.0,
+                              model="cnn")
     grid = InProcessGrid(client_module.app, cfg.to_run_config(), 4)
     for node in list(grid.nodes)[2:]:
         grid.nodes[node].node_config["model"] = "mlp"

@@ -7,7 +7,7 @@ import torch
 from flwr.app import ArrayRecord, Message, RecordDict
 
 from client_app.app import app as client_app
-from fedgo_flwr.models import CNN, Discriminator, Generator
+from fedgo_flwr.models import Discriminator, Generator, create_classifier
 from fedgo_app.server.clients import config_record
 from fedgo_lab.inprocess import InProcessGrid
 
@@ -67,7 +67,7 @@ def _train_content(model):
 
 def test_train_changes_the_model_and_reports_n_k(tiny_config):
     torch.manual_seed(0)
-    model = CNN()
+    model = create_classifier(tiny_config.model, 1, 10, 28)
     out = _call(tiny_config, "train", _train_content(model))
     new = out["arrays"].to_torch_state_dict()
     assert set(new) == set(model.state_dict())
@@ -79,7 +79,8 @@ def test_train_changes_the_model_and_reports_n_k(tiny_config):
 
 
 def test_evaluate_reports_accuracy_on_local_data(tiny_config):
-    out = _call(tiny_config, "evaluate", RecordDict({"arrays": ArrayRecord(CNN().state_dict())}))
+    out = _call(tiny_config, "evaluate", RecordDict({"arrays": ArrayRecord(
+        create_classifier(tiny_config.model, 1, 10, 28).state_dict())}))
     assert 0 <= out["metrics"]["eval-acc"] <= 1 and out["metrics"]["eval-loss"] > 0
 
 

@@ -37,7 +37,7 @@ def test_the_record_keeps_the_clients_accuracy_on_their_personal_splits(tiny_con
     path = run(InProcessGrid(client_app, cfg.to_run_config(), 4), cfg)
     record = json.loads(path.read_text())
     assert all(0 <= r["personalised_test_acc"] <= 1 for r in record["rounds"])
-    model = create_classifier("cnn", 1, 10, 28)
+    model = create_classifier(cfg.model, 1, 10, 28)
     model.load_state_dict(torch.load(path.parent / "model.pt"))
     scored, total = 0.0, 0
     for p in range(4):

@@ -18,7 +18,7 @@ def tiny_plan(tmp_path, tiny_data_dir):
     path.write_text(yaml.safe_dump({
         "name": "tiny", "config": {"data-dir": str(tiny_data_dir), "num-server-rounds": 2,
                                    "fraction-train": 0.5, "local-epochs": 1, "test-size": 0,
-                                   "distill-size": 0},
+                                   "distill-size": 0, "model": "mlp"},
         "federation": {"num-supernodes": 4}, "alphas": [0.5], "seeds": [0],
         "cells": ["fedavg"]}))
     return path

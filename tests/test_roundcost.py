@@ -14,7 +14,8 @@ def test_roundcost_prints_each_stage_against_fedavg(tiny_data_dir, capsys):
     roundcost.main(["--rounds", "2", "--partitions", "4", "--strategies", "fedavg", "fedgo",
                     "--config", f'data-dir="{tiny_data_dir}"', "distill-size=0",
                     "test-size=0", "generator-steps=2", "discriminator-epochs=1",
-                    "generator-width=8", "discriminator-width=8", "fraction-train=0.5"])
+                    "generator-width=8", "discriminator-width=8", "fraction-train=0.5",
+                    'model="mlp"'])
     out = capsys.readouterr().out
     results = json.loads(out.split("\nJSON ", 1)[1])
     assert list(results) == ["fedavg", "fedgo"]

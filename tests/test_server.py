@@ -121,12 +121,12 @@ def test_two_nodes_claiming_one_partition_fail_fast_or_the_second_is_left_out(ti
 
 
 def test_nodes_that_cannot_load_their_partition_fail_the_run_fast(tiny_config):
-    """500 pool images cannot give 200 clients their minimum share: the run stops at discovery
+    """500 pool images cannot give 60 clients their minimum share (10): the run stops at discovery
     with the clients' reason instead of waiting for round-timeout (which would end it with a
     TimeoutError naming no cause)."""
     cfg = tiny_config.replace(round_timeout=1.0)
-    with pytest.raises(RuntimeError, match=r"200 node\(s\) could not load their partition.*'alpha'"):
-        run(InProcessGrid(client_app, cfg.to_run_config(), 200), cfg)
+    with pytest.raises(RuntimeError, match=r"60 node\(s\) could not load their partition.*'alpha'"):
+        run(InProcessGrid(client_app, cfg.to_run_config(), 60), cfg)
 
 
 def _without_reuse(pre_fl: dict) -> dict:

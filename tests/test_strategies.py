@@ -13,7 +13,7 @@ import client_app.app as client_module
 from conftest import REPO
 from fedgo_app.client_context import Local, config_of, reply
 from fedgo_app.config import Config, ConfigError, check
-from fedgo_flwr.models import CNN
+from fedgo_flwr.models import CNN, create_classifier
 from fedgo_app.server.clients import config_record
 from fedgo_app.strategies import STRATEGIES, FedAvgStrategy, StrategySpec
 from fedgo_app.strategies.base import CLIENT
@@ -137,10 +137,10 @@ def test_fedprox_sends_mu_and_its_clients_stay_closer_to_the_global_model(tiny_c
         [r.get("clients") for r in prox_record["rounds"]]
     moved = []
     for cfg in (base, prox):
-        model = CNN()
+        model = create_classifier(cfg.model, 1, 10, 28)
         model.load_state_dict(torch.load(cfg.results_path / cfg.run_name / "model.pt"))
         torch.manual_seed(cfg.seed)
-        start = CNN()  # theta^0, as the ServerApp draws it
+        start = create_classifier(cfg.model, 1, 10, 28)  # theta^0, as the ServerApp draws it
         moved.append(sum(((w - w0) ** 2).sum().item()
                          for w, w0 in zip(model.parameters(), start.parameters())))
     assert moved[1] < moved[0]  # the proximal term holds the models near w^t
@@ -205,14 +205,15 @@ def test_fedgen_clients_learn_from_the_generated_features(tiny_config):
     """A client that receives G_w fits its head to G_w's features (eq. 5); one that does not,
     does not; both report their label counts."""
     torch.manual_seed(0)
-    model, generator = CNN(), FeatureGenerator(10, CNN.latent_dim).eval()
+    model = CNN()  # its 512 features fit the generated ones within 5 epochs; the 2NN's lag
+    generator = FeatureGenerator(10, model.latent_dim).eval()
     with torch.no_grad():  # features that depend on the label more than on the noise
         generator.hidden.weight[:, 32:] *= 10
     prior = [0.1] * 10
     conf = config_record(local_epochs=5, batch_size=32, lr=1e-3, flip=False, random_crop=0,
                          optimizer="adam", momentum=0.9, seed=1, fedgen_alpha=10.0, label_prior=prior, noise_dim=32, hidden_dim=256)
     from fedgo_app.strategies.fedgen import generated_feature_update
-    cfg = tiny_config.replace(strategy="fedgen")
+    cfg = tiny_config.replace(strategy="fedgen", model="cnn")
     grid = InProcessGrid(client_module.app, cfg.to_run_config(), 4)
     local = Local.of(grid.nodes[1000], cfg)
     y, eps = torch.arange(10).repeat(20), torch.randn(200, 32)
@@ -225,7 +226,7 @@ def test_fedgen_clients_learn_from_the_generated_features(tiny_config):
                                                message_type="train"), local)
         metrics = out.content.metric_records["metrics"]
         assert metrics["label-counts"] == torch.bincount(local.y, minlength=10).tolist()
-        trained = CNN()
+        trained = create_classifier(cfg.model, 1, 10, 28)
         trained.load_state_dict(out.content.array_records["arrays"].to_torch_state_dict())
         with torch.no_grad():
             losses.append(torch.nn.functional.cross_entropy(trained.head(generator(y, eps)), y).item())
@@ -299,7 +300,7 @@ def test_dafkd_averages_g_and_heads_by_n_k_and_weights_by_this_rounds_discrimina
         arrays = r.content.array_records
         pid = pids[r.metadata.src_node_id]
         models.append(ClientModel(pid, 1, arrays["arrays"].to_torch_state_dict(), {}))
-        net = CNN()
+        net = create_classifier(cfg.model, 1, 10, 28)
         net.load_state_dict(arrays["arrays"].to_torch_state_dict())
         head = discriminator_head(net.latent_dim)
         head.load_state_dict(arrays["discriminator-head"].to_torch_state_dict())
