@@ -24,7 +24,7 @@ from fedgo_flwr.architectures import parse_client_models
 from fedgo_app.attacks import ATTACKS, COLLUDING, byzfl_problem, well_formed_ids
 from fedgo_flwr.defences import SCREENS
 from fedgo_app.data import DATASETS, PARTITIONERS, dataset_name_problem
-from fedgo_flwr.distill import DISTILL_SETS, ENSEMBLE_SPACES, GUARDS, VIEW_DRAWS
+from fedgo_flwr.distill import DISTILL_BUDGETS, DISTILL_SETS, ENSEMBLE_SPACES, GUARDS, VIEW_DRAWS
 from fedgo_flwr.gan import CALIBRATIONS, NEGATIVES
 from fedgo_app.generators import GENERATOR_SOURCES
 from fedgo_flwr.keys import (AT_LEAST_ONE, FRACTION, NON_NEGATIVE, POSITIVE, Allowed,
@@ -266,6 +266,12 @@ class Config:
                                       "same steps); 0 = every image, the papers",
                                       Allowed("in [0, 1)", lambda v: 0 <= v < 1),
                                       ("distillation",))
+    distill_budget: str = key("full", "the distillation's steps a round: full (server-epochs "
+                              "passes, the papers) or disagreement (that share of them which "
+                              "is the share of the images it meets where the averaged model's "
+                              "class is not the pseudo-label's, so distillation fades as the "
+                              "ensemble and the server model agree; reads no label; not in the "
+                              "papers)", OneOf(DISTILL_BUDGETS), ("distillation",))
     view_draw: str = key("per-pass", "with flip: each image's view (as is or mirrored) in the "
                          "distillation's minibatches, drawn anew in every pass (per-pass, up to "
                          "both views labelled a round) or once a round (per-round: the teachers "

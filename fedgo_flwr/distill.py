@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedgo_flwr.batches import minibatches, to_unit_range
-from fedgo_flwr.teachers import server_autocast
+from fedgo_flwr.teachers import server_autocast, teacher_logits
 from fedgo_flwr.train import channels_last, classifier_optimizer, descend, evaluate
 
 
@@ -28,6 +28,10 @@ CHANNELS_LAST = True
 # Who decides whether the distilled model replaces the averaged one: nobody (the papers) or
 # clients that did not train this round, on their own labelled data.
 GUARDS = ("none", "clients")
+# How many of its steps the distillation takes a round: all of them (the papers), or the share
+# of the images it meets where the server model's class is not the pseudo-label's, so that it
+# fades as the ensemble and the server model come to agree.
+DISTILL_BUDGETS = ("full", "disagreement")
 # How the distillation's minibatches take a view of each image (as is or mirrored): a new
 # random view in every pass (per-pass: up to both views of an image are met, and labelled, in
 # a round) or one random view per image for the whole round (per-round: the teachers label
@@ -103,6 +107,27 @@ def confident_batches(batches: list[torch.Tensor], targets: torch.Tensor,
     top = targets.flatten(0, 1).max(-1).values
     kept = [b[top[b] >= threshold] for b in batches]
     return [b for b in kept if len(b)]
+
+
+def disagreement(model: nn.Module, u: torch.Tensor, targets: torch.Tensor, *,
+                 device: torch.device, amp: bool = False) -> float:
+    """The share of the views of U that the round's distillation meets (the labelled entries
+    of targets [V, |U|, C], view_pseudo_labels) where `model`'s class is not the
+    pseudo-label's; reads no label."""
+    differ = met = 0
+    for v, view_targets in enumerate(targets):
+        samples = view_targets[:, 0].isfinite().nonzero().squeeze(1)
+        if len(samples):
+            own = teacher_logits([model], u[samples], device=device, flip=v == 1, amp=amp)[0]
+            differ += (own.argmax(-1).cpu() != view_targets[samples].argmax(-1)).sum().item()
+            met += len(samples)
+    return differ / max(met, 1)
+
+
+def budgeted(batches: list[torch.Tensor], share: float) -> list[torch.Tensor]:
+    """The first ceil(share x steps) of the distillation's batches (draw_batches), so the
+    distillation takes that share of its steps; its order and views are kept."""
+    return batches[:math.ceil(share * len(batches))]
 
 
 def kl_to_targets(student_logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -4,9 +4,9 @@ import torch
 
 import pytest
 
-from fedgo_flwr.distill import (confident_batches, cosine_lr, distill, draw_batches,
-                                ensemble_log_probs, floored, kl_to_targets, pseudo_labels,
-                                view_pseudo_labels)
+from fedgo_flwr.distill import (budgeted, confident_batches, cosine_lr, disagreement, distill,
+                                draw_batches, ensemble_log_probs, floored, kl_to_targets,
+                                pseudo_labels, view_pseudo_labels)
 from fedgo_flwr.models import CNN
 from fedgo_flwr.teachers import teacher_logits
 from fedgo_flwr.weighting import odds_weights
@@ -113,6 +113,26 @@ def test_confident_batches_keep_only_the_sure_pseudo_labels():
     batches = [torch.tensor([0, 4, 1]), torch.tensor([5, 2]), torch.tensor([1])]
     kept = confident_batches(batches, targets, 0.8)
     assert [b.tolist() for b in kept] == [[0, 4], [2]]  # the last batch, emptied, is dropped
+
+
+def test_the_budget_is_the_share_of_met_views_where_the_model_and_the_labels_differ():
+    """A model that calls every image class 0, as is or mirrored, against pseudo-labels on 3
+    of the 6 views (the rest unmet, NaN): it disagrees where the label is not 0."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 3))
+    with torch.no_grad():
+        model[1].weight.zero_()
+        model[1].bias.copy_(torch.tensor([5.0, 0.0, 0.0]))
+    u = torch.randint(0, 256, (3, 1, 4, 4), dtype=torch.uint8)
+    targets = torch.full((2, 3, 3), float("nan"))
+    targets[0, 0] = torch.tensor([0.8, 0.1, 0.1])  # agrees
+    targets[0, 2] = torch.tensor([0.1, 0.7, 0.2])  # differs
+    targets[1, 1] = torch.tensor([0.2, 0.2, 0.6])  # differs, on the mirrored view
+    share = disagreement(model, u, targets, device=torch.device("cpu"))
+    assert share == pytest.approx(2 / 3)
+    batches = [torch.tensor([i]) for i in range(6)]
+    assert [b.item() for b in budgeted(batches, share)] == [0, 1, 2, 3]  # ceil(4.0)
+    assert budgeted(batches, 0.0) == [] and len(budgeted(batches, 0.01)) == 1
 
 
 def test_only_the_views_the_batches_meet_are_labelled_and_those_exactly():

@@ -239,8 +239,9 @@ def test_data_comes_as_tensors_datasets_or_loaders_of_dicts():
 
 
 def test_the_lasting_options_reach_the_librarys_distillation():
-    """teacher_floor and confidence_threshold (not in the papers) compose with every ensemble
-    strategy of the library; the threshold leaves out the unsure pseudo-labels."""
+    """teacher_floor, confidence_threshold and distill_budget (not in the papers) compose with
+    every ensemble strategy of the library; the threshold leaves out the unsure pseudo-labels,
+    the budget takes the share of the steps that is the average's disagreement."""
     plain = FedDF(unlabeled_data=U, model_fn=UserNet, **SMALL)
     _, result = run(plain, rounds=1)
     assert result.train_metrics_clientapp[1]["distill-kept"] == 1.0
@@ -250,5 +251,12 @@ def test_the_lasting_options_reach_the_librarys_distillation():
     floor = FedGO(unlabeled_data=U, model_fn=UserNet, teacher_floor=True, **SMALL, **SMALL_GAN)
     initial, result = run(floor, rounds=1)
     assert changed(initial, result)
+    budget = FedDF(unlabeled_data=U, model_fn=UserNet, distill_budget="disagreement", **SMALL)
+    _, result = run(budget, rounds=1)
+    metrics = result.train_metrics_clientapp[1]
+    assert 0 <= metrics["disagreement"] <= 1
+    assert metrics["distill-kept"] <= metrics["disagreement"] + 1 / len(U)
+    with pytest.raises(ValueError, match="distill_budget is 'half'; allowed: full, disagreement"):
+        FedDF(unlabeled_data=U, model_fn=UserNet, distill_budget="half")
     with pytest.raises(ValueError, match=r"confidence_threshold is 1.5; allowed: \[0, 1\)"):
         FedDF(unlabeled_data=U, model_fn=UserNet, confidence_threshold=1.5)

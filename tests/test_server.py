@@ -211,6 +211,23 @@ def test_the_lasting_options_do_what_the_diagnostics_score(tiny_config):
     assert sure["distill_steps"] <= paper["distill_steps"]
 
 
+def test_the_disagreement_budget_takes_the_share_of_steps_the_diagnostics_measure(tiny_config):
+    """distill-budget = disagreement distils for the share of the round's steps that is the
+    averaged model's disagreement with the pseudo-labels, as the diagnostics measure it on the
+    same client models (issue 46, item 3: distillation fading as they agree)."""
+    import math
+    base = tiny_config.replace(num_server_rounds=1, diagnostics=True, server_epochs=2)
+    paper = _run(base)[0]["rounds"][1]
+    assert 0 < paper["disagreement"] < 1
+    budget = _run(base.replace(distill_budget="disagreement", diagnostics=False,
+                               run_name="budget"))[0]["rounds"][1]
+    assert budget["clients"] == paper["clients"]
+    assert budget["disagreement"] == paper["disagreement"]
+    assert budget["distill_steps"] == math.ceil(paper["disagreement"] * paper["distill_steps"])
+    assert budget["distill_steps"] < paper["distill_steps"]
+    assert budget["ensemble_test_acc"] == paper["ensemble_test_acc"]  # the same teacher
+
+
 def _info_replies(cfg):
     infos = []
 

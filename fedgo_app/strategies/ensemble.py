@@ -9,9 +9,10 @@ uniform, no discriminators; FedGO: odds). `averaged-share` > 0 (not in the paper
 round's averaged model one more teacher with that share of the weight; `distillation-guard =
 clients` (not in the papers either) keeps the averaged model where clients that did not train
 score it above the distilled one; `teacher-floor` keeps the averaged model's own label where it
-is surer than the ensemble, and `confidence-threshold` distils only on sure pseudo-labels
-(neither in the papers; the diagnostics score all of them on the run's own models every
-round). FedDF's published update (step budget, clipping,
+is surer than the ensemble, `confidence-threshold` distils only on sure pseudo-labels, and
+`distill-budget = disagreement` takes the share of the steps that is the averaged model's
+disagreement with the pseudo-labels (none in the papers; the diagnostics score or measure each
+on the run's own models every round). FedDF's published update (step budget, clipping,
 early stopping on labelled data) overrides `distill_batches` and `distill_student` behind
 `feddf-published`.
 """
@@ -27,8 +28,8 @@ from flwr.app import ArrayRecord, Message, RecordDict
 from flwr.common.logger import log
 
 from fedgo_flwr.diagnostics import ensemble_diagnostics, lasting_diagnostics
-from fedgo_flwr.distill import (confident_batches, cosine_lr, distill, draw_batches,
-                                ensemble_log_probs, floored, view_pseudo_labels)
+from fedgo_flwr.distill import (budgeted, confident_batches, cosine_lr, disagreement, distill,
+                                draw_batches, ensemble_log_probs, floored, view_pseudo_labels)
 from fedgo_app.generators import generator_arguments, obtain_generator
 from fedgo_flwr.gan import draw_images
 from fedgo_flwr.models import Generator
@@ -49,7 +50,8 @@ MARKS = (("ensemble-space", "logits", "probabilities"), ("distill-schedule", "co
          ("averaged-share", 0.0, "averaged {:g}"), ("distillation-guard", "none", "{} guard"),
          ("generator-source", "train-on-u", "G: {}"), ("distill-set", "server-data", "{} set"),
          ("redraw-distill-set", False, "redrawn"), ("view-draw", "per-pass", "views {}"),
-         ("teacher-floor", False, "server floor"), ("confidence-threshold", 0.0, "confident {:g}"))
+         ("teacher-floor", False, "server floor"), ("confidence-threshold", 0.0, "confident {:g}"),
+         ("distill-budget", "full", "{} budget"))
 
 # Every ensemble strategy's clients: FedAvg's, and FedGAN's local step (a generator source).
 ENSEMBLE_CLIENT = {**CLIENT, TRAIN_FEDGAN: fedgan_update}
@@ -208,6 +210,7 @@ class EnsembleDistillation(FedAvgStrategy):
         unsupported = [key for key, on in (
             ("diagnostics", cfg.diagnostics), ("averaged-share", cfg.averaged_share > 0),
             ("teacher-floor", cfg.teacher_floor),
+            ("distill-budget", cfg.distill_budget != "full"),
             ("distillation-guard", cfg.distillation_guard != "none")) if on]
         if unsupported:
             return (f"{', '.join(unsupported)} need one averaged model; a mixed federation has "
@@ -261,6 +264,12 @@ class EnsembleDistillation(FedAvgStrategy):
                 met = sum(len(b) for b in batches)
                 batches = confident_batches(batches, targets, cfg.confidence_threshold)
                 entry["distill_kept"] = sum(len(b) for b in batches) / met
+            if cfg.distill_budget == "disagreement" or (cfg.diagnostics and not mixed):
+                # the share of its steps the budget takes (the diagnostics: would take)
+                entry["disagreement"] = disagreement(average, u, targets,
+                                                     device=self.setup.device, amp=self.setup.amp)
+            if cfg.distill_budget == "disagreement":
+                batches = budgeted(batches, entry["disagreement"])
             log(INFO, "round %d: pseudo-labels of %d teachers on U (%.1fs); distilling, %d "
                 "steps", server_round, len(models), seconds, len(batches))
             for arch, student in students.items():

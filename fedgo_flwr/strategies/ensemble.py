@@ -20,8 +20,9 @@ from flwr.app import ArrayRecord
 from flwr.common.logger import log
 from torch import nn
 
-from fedgo_flwr.distill import (ENSEMBLE_SPACES, VIEW_DRAWS, confident_batches, cosine_lr,
-                                distill, draw_batches, view_pseudo_labels)
+from fedgo_flwr.distill import (DISTILL_BUDGETS, ENSEMBLE_SPACES, VIEW_DRAWS, budgeted,
+                                confident_batches, cosine_lr, disagreement, distill,
+                                draw_batches, view_pseudo_labels)
 from fedgo_flwr.inputs import images_of
 from fedgo_flwr.seeds import round_seed
 from fedgo_flwr.strategies.base import ClientModel, ServerUpdateFedAvg
@@ -67,6 +68,10 @@ class EnsembleDistillation(ServerUpdateFedAvg):
     confidence_threshold : float (default: 0.0)
         Not in the papers: distil only on the images whose pseudo-label's top probability is
         at least this (fedgo_flwr.distill.confident_batches); 0 keeps every image.
+    distill_budget : str (default: "full")
+        Not in the papers: "full" takes every step; "disagreement" takes the share of them
+        that is the share of the met images where the average's class is not the
+        pseudo-label's (fedgo_flwr.distill.disagreement), so distillation fades as they agree.
     model_fn, seed, device, aggregate_fn, **kwargs
         As in `ServerUpdateFedAvg` (fedgo_flwr.strategies.base), and every keyword Flower's
         `FedAvg` takes.
@@ -78,12 +83,14 @@ class EnsembleDistillation(ServerUpdateFedAvg):
                  distill_momentum: float = 0.9, distill_schedule: str = "cosine",
                  ensemble_space: str = "logits", flip_views: bool = True,
                  view_draw: str = "per-pass", teacher_floor: bool = False,
-                 confidence_threshold: float = 0.0, **kwargs) -> None:
+                 confidence_threshold: float = 0.0, distill_budget: str = "full",
+                 **kwargs) -> None:
         super().__init__(model_fn=model_fn, **kwargs)
         for name, value, allowed in (("distill_optimizer", distill_optimizer, OPTIMIZERS),
                                      ("distill_schedule", distill_schedule, SCHEDULES),
                                      ("ensemble_space", ensemble_space, ENSEMBLE_SPACES),
-                                     ("view_draw", view_draw, VIEW_DRAWS)):
+                                     ("view_draw", view_draw, VIEW_DRAWS),
+                                     ("distill_budget", distill_budget, DISTILL_BUDGETS)):
             if value not in allowed:
                 raise ValueError(f"{name} is {value!r}; allowed: {', '.join(allowed)}")
         if not 0 <= confidence_threshold < 1:
@@ -99,7 +106,7 @@ class EnsembleDistillation(ServerUpdateFedAvg):
         self.distill_momentum, self.distill_schedule = distill_momentum, distill_schedule
         self.ensemble_space, self.views = ensemble_space, 2 if flip_views else 1
         self.view_draw, self.teacher_floor = view_draw, teacher_floor
-        self.confidence_threshold = confidence_threshold
+        self.confidence_threshold, self.distill_budget = confidence_threshold, distill_budget
 
     def summary(self) -> None:
         super().summary()
@@ -142,6 +149,11 @@ class EnsembleDistillation(ServerUpdateFedAvg):
         met = sum(len(b) for b in batches)
         if self.confidence_threshold > 0:
             batches = confident_batches(batches, targets, self.confidence_threshold)
+        metrics = {}
+        if self.distill_budget == "disagreement":
+            metrics["disagreement"] = disagreement(student, u, targets, device=self.device,
+                                                   amp=self.device.type == "cuda")
+            batches = budgeted(batches, metrics["disagreement"])
         info = distill(student, u, targets, batches=batches, lr=lr, device=self.device,
                        amp=self.device.type == "cuda", optimizer=self.distill_optimizer,
                        momentum=self.distill_momentum)
@@ -152,7 +164,7 @@ class EnsembleDistillation(ServerUpdateFedAvg):
             "distill-loss": info["distill_loss"], "distill-lr": lr,
             "distill-teachers": len(teachers), "pseudo-label-seconds": labelling,
             "distill-kept": sum(len(b) for b in batches) / met,
-            "distill-seconds": info["seconds"]}
+            "distill-seconds": info["seconds"], **metrics}
 
     # --- what a strategy changes
     def teachers(self, models: list[ClientModel]) -> list[ClientModel]:
