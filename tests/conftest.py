@@ -101,10 +101,9 @@ TIERS = {
 }
 
 
-def pytest_collection_modifyitems(items):
-    """Each test's tier; the e2e tests first: they are the longest (minutes each, mostly
-    waiting on processes), so the workers start them early and the suite does not end waiting
-    for one that started last."""
+def pytest_collection_modifyitems(config, items):
+    """Each test's tier, and an order that keeps the workers of `-n N --dist worksteal` busy
+    to the end (see spread)."""
     for item in items:
         if any(item.get_closest_marker(tier) for tier in TIERS):
             continue
@@ -114,4 +113,35 @@ def pytest_collection_modifyitems(items):
             raise pytest.UsageError(f"{item.nodeid}: no test tier; set pytestmark = "
                                     f"pytest.mark.<{'|'.join(TIERS)}> in its module")
         item.add_marker(tier)
-    items.sort(key=lambda item: item.get_closest_marker("e2e") is None)
+    items[:] = spread(items, getattr(config, "workerinput", {}).get("workercount", 1))
+
+
+def expected_seconds(item) -> float:
+    """An e2e test's rough length on the quiet 2-core machine, its marker's `seconds` (a
+    minute if it gives none); 0 for the in-process tiers."""
+    mark = item.get_closest_marker("e2e")
+    return 0.0 if mark is None else mark.kwargs.get("seconds", 60)
+
+
+def spread(items: list, workers: int) -> list:
+    """The e2e tests (minutes each, mostly waiting on processes) spread over the workers, each
+    started at once, the rest of the time filled with in-process tests. pytest-xdist's
+    worksteal first hands worker k a contiguous share of the order (len(left) // (workers - k)
+    tests), and a worker that runs dry steals from the end of the longest queue: so each share
+    starts with its e2e tests, the longest placed on the share with the least so far, and ends
+    with in-process tests, which are what gets stolen. Every worker collects this same order."""
+    real = sorted((i for i in items if expected_seconds(i)), key=expected_seconds, reverse=True)
+    quick = [i for i in items if not expected_seconds(i)]
+    shares, load = [[] for _ in range(workers)], [0.0] * workers
+    for item in real:
+        k = load.index(min(load))
+        shares[k].append(item)
+        load[k] += expected_seconds(item)
+    left = len(items)
+    for k, share in enumerate(shares):
+        size = left // (workers - k)
+        left -= size
+        take = len(quick) if k == workers - 1 else max(0, size - len(share))
+        share.extend(quick[:take])
+        del quick[:take]
+    return [item for share in shares for item in share]

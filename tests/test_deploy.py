@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from cryptography import x509
 
 from conftest import REPO
@@ -40,6 +41,7 @@ def _free_port_block(size: int) -> int:
     raise RuntimeError("no free block of ports")
 
 
+@pytest.mark.unit
 def test_certificates_chain_to_the_ca_and_name_the_host(tmp_path):
     paths = deploy.make_certificates(tmp_path, ["127.0.0.1", "localhost"])
     ca = x509.load_pem_x509_certificate(paths["ca"].read_bytes())
@@ -60,10 +62,10 @@ TINY = ("num-server-rounds={rounds} local-epochs=1 server-epochs=1 generator-ste
         "generator-width=8 discriminator-width=8 discriminator-epochs=1 distill-size=0")
 
 
-def _stranger_is_refused(info, tmp_path, port: int) -> None:
+def _stranger_is_refused(info, folder: Path, registered: int, tmp_path, port: int) -> None:
     """A SuperNode with a key the SuperLink never registered gives up, never listed."""
     stranger_key, _ = deploy.make_node_keys(tmp_path / "stranger", 1)[0]
-    certs = Path(info["folder"]) / "certificates"
+    certs = folder / "certificates"
     pid = deploy._spawn(
         [str(Path(sys.executable).parent / "flower-supernode"), "--root-certificates",
          str(certs / "ca.crt"), "--superlink", info["address"], "--port", str(port),
@@ -75,9 +77,10 @@ def _stranger_is_refused(info, tmp_path, port: int) -> None:
     finally:
         if deploy._alive(pid):
             os.killpg(pid, 9)
-    assert deploy._connected_nodes(info["env"]) == 4  # only the registered nodes
+    assert deploy._connected_nodes(info["env"]) == registered  # only the registered nodes
 
 
+@pytest.mark.e2e(seconds=260)
 def test_a_tls_deployment_of_sites_runs_fedgo_on_without_lost_supernodes(tmp_path):
     """One deployment, what a real one meets: TLS with certificates made by fedgo_lab.deploy,
     SuperNode authentication with registered keys (a stranger's key is refused), each of 4
@@ -101,14 +104,13 @@ def test_a_tls_deployment_of_sites_runs_fedgo_on_without_lost_supernodes(tmp_pat
     folder = tmp_path / "deployment"
     port = _free_port_block(6)
     info = deploy.up(folder, nodes=4, port=port, secure=True, auth=True, node_data=sites)
-    info["folder"] = folder
     env, supernodes = info["env"], info["pids"]["supernodes"]
     results = tmp_path / "results"
     try:
         nodes = json.loads(_flwr(env, "supernode", "list", deploy.FEDERATION, "--format",
                                  "json", timeout=60).stdout)["nodes"]
         assert len(nodes) == 4 and all(n["status"] == "online" for n in nodes)
-        _stranger_is_refused(info, tmp_path, port + 5)
+        _stranger_is_refused(info, folder, 4, tmp_path, port + 5)
 
         os.killpg(supernodes[2], signal.SIGTERM)
         deploy._wait_for(lambda: not deploy._alive(supernodes[2]), 30,

@@ -105,7 +105,7 @@ def _check_result(out: Path, strategy: str) -> None:
     assert (out / "final_model.pt").is_file()
 
 
-@pytest.mark.e2e
+@pytest.mark.e2e(seconds=95)
 def test_the_example_runs_from_the_wheel_with_a_real_flwr_run(user_env, superlink_env,
                                                                tmp_path):
     app, data, out = _example(tmp_path, "FedGO")

@@ -31,6 +31,7 @@ def _run(env, cwd, overrides: str) -> str:
     return done.stdout
 
 
+@pytest.mark.e2e(seconds=230)
 def test_a_plain_run_says_what_it_does_and_a_killed_copy_resumes_to_its_model(
         tiny_data_dir, tmp_path, isolated_flwr):
     """A newcomer's plain run trains a real (small) ensemble with progress in every phase; the
@@ -92,6 +93,7 @@ def test_a_plain_run_says_what_it_does_and_a_killed_copy_resumes_to_its_model(
         assert torch.allclose(final[name].double(), tensor.double(), atol=1e-5), name
 
 
+@pytest.mark.e2e(seconds=45)
 def test_a_bad_value_ends_the_run_with_one_line_naming_key_value_and_allowed(tmp_path,
                                                                              isolated_flwr):
     out = _run(isolated_flwr, tmp_path, f'alpha=-1 results-dir="{tmp_path}"')

@@ -81,12 +81,13 @@ def _flwr_run(env, cwd, overrides):
 # tests/test_first_run.py), two architectures (below), and FedBPG, whose clients keep their
 # own model in context.state from one round to the next on Ray's workers, run by the bench
 # runner.
+@pytest.mark.e2e(seconds=90)
 def test_a_bench_plan_runs_fedbpg_through_flwr_run_resumes_and_reports(tiny_data_dir, tmp_path,
                                                                        isolated_flwr, capsys):
     plan = tmp_path / "plan.yaml"
     plan.write_text(yaml.safe_dump({
         "name": "tiny", "federation": {"num-supernodes": 3, "client-resources-num-cpus": 1},
-        "config": {"data-dir": str(tiny_data_dir), "num-server-rounds": 2,
+        "config": {"data-dir": str(tiny_data_dir), "num-server-rounds": 2, "model": "mlp",
                    "fraction-train": 1.0, "test-size": 0, "personal-test-fraction": 0.25,
                    "fedbpg-generator-steps": 2, "fedbpg-tune-steps": 2,
                    "fedbpg-fusion-steps": 2},
@@ -119,6 +120,7 @@ def test_a_bench_plan_runs_fedbpg_through_flwr_run_resumes_and_reports(tiny_data
 
 # Both ensemble strategies run two architectures in process (tests/test_runs_in_process.py);
 # through the real runtime FedGO's, whose user model module must import on Ray's workers.
+@pytest.mark.e2e(seconds=70)
 @pytest.mark.parametrize("strategy", ["fedgo"])
 def test_two_architectures_run_through_flwr_run(strategy, tiny_data_dir, tmp_path,
                                                 isolated_flwr):
