@@ -2,7 +2,7 @@
 
     python -m fedgo_lab.perf [--clients 20 100 500] [--server-epochs 1 10]
                              [--distill-size 3000] [--alpha 0.5] [--device auto]
-                             [--config KEY=VALUE ...]
+                             [--out DIR] [--config KEY=VALUE ...]
 
 Settings are the run config's defaults (`pyproject.toml`), one round, and the options above;
 --config sets any other run-config key (TOML values, e.g. generator-steps=0 model="resnet18").
@@ -18,7 +18,8 @@ Settings are the run config's defaults (`pyproject.toml`), one round, and the op
    clients run one after another), for each K in --clients, each K in its own process so that
    its peak memory is its own: seconds per stage, peak memory, the discriminator training of a
    client against one round of its classifier training, and the pre-FL bytes against the bytes
-   of one main-FL round.
+   of one main-FL round. Its runs' records go to --out (by default a new temporary folder,
+   whose path is printed).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import torch
 
@@ -194,9 +196,9 @@ def one_round(cfg: Config, num_clients: int) -> dict:
     }
 
 
-def run_child(args: argparse.Namespace, num_clients: int) -> dict:
+def run_child(args: argparse.Namespace, num_clients: int, out: Path) -> dict:
     cmd = [sys.executable, "-m", "fedgo_lab.perf", "--one-round", str(num_clients),
-           "--alpha", str(args.alpha), "--distill-size", str(args.distill_size),
+           "--out", str(out), "--alpha", str(args.alpha), "--distill-size", str(args.distill_size),
            "--device", args.device, "--seed", str(args.seed), "--config", *args.config]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(MARKER)]
@@ -243,13 +245,18 @@ def main(argv: list[str] | None = None) -> int:
                         help="Dirichlet alpha (0.1 cannot give 500 non-empty partitions)")
     parser.add_argument("--device", default="auto", help="the server's device: auto, cpu, cuda")
     parser.add_argument("--seed", type=int, default=0, help="the run's seed")
+    parser.add_argument("--out", type=Path, metavar="DIR",
+                        help="where the one-round runs' records go; default: a new folder under "
+                        "the system's temporary folder")
     add_config_flag(parser)
     parser.add_argument("--one-round", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    results = tempfile.mkdtemp(prefix="fedgo-perf-")
     cfg = config_from(parser, args.config, over={
         "num-server-rounds": 1, "alpha": args.alpha, "distill-size": args.distill_size,
-        "server-device": args.device, "seed": args.seed, "results-dir": results})
+        "server-device": args.device, "seed": args.seed})
+    # made once the arguments are good, and handed to the rounds' own processes
+    results = (args.out or Path(tempfile.mkdtemp(prefix="fedgo-perf-"))).resolve()
+    cfg = cfg.replace(results_dir=str(results))
     if args.one_round is not None:
         out = one_round(cfg.replace(run_name=f"perf-K{args.one_round}"), args.one_round)
         print(MARKER + json.dumps(out))
@@ -265,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     for k in args.clients:
         print(f"[perf] one round at K = {k} (own process) ...", flush=True)
         try:
-            rows.append(run_child(args, k))
+            rows.append(run_child(args, k, results))
         except RuntimeError as err:  # one K failing (e.g. no valid partition) keeps the others
             print(f"[perf] {err}", flush=True)
             failed.append(k)

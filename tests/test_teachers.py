@@ -79,7 +79,7 @@ def test_cached_and_naive_pseudo_labelling_distill_the_same_student(epochs):
 
 
 @pytest.mark.e2e(seconds=60)  # the whole harness command, one FedGO round in its own process
-def test_perf_command_prints_both_sections(tiny_data_dir):
+def test_perf_command_prints_both_sections(tiny_data_dir, tmp_path):
     """`python -m fedgo_lab.perf` end to end on tiny data: the comparison and one real round
     (in its own process) at a value of K, and a second K the pool cannot be split into (120
     clients of at least 5 of 500 images), which is reported without losing the first."""
@@ -89,8 +89,8 @@ def test_perf_command_prints_both_sections(tiny_data_dir):
     from conftest import REPO
 
     run = subprocess.run(
-        [sys.executable, "-m", "fedgo_lab.perf", "--clients", "3", "120",
-         "--server-epochs", "1", "--distill-size", "200", "--alpha", "1.0",
+        [sys.executable, "-m", "fedgo_lab.perf", "--clients", "3", "120", "--out",
+         str(tmp_path / "perf"), "--server-epochs", "1", "--distill-size", "200", "--alpha", "1.0",
          "--config", f'data-dir="{tiny_data_dir}"',
          "generator-steps=1", "generator-width=8", "discriminator-width=8",
          "discriminator-epochs=1", "test-size=100"],
@@ -104,6 +104,9 @@ def test_perf_command_prints_both_sections(tiny_data_dir):
     rows = [line for line in out.splitlines() if line.startswith("| 3 |")]
     assert len(rows) == 1
     assert "K = 3: a client's discriminator training costs" in out
+    # the rounds' records where it says, the K = 3 round's made in its own process
+    assert f"records of the rounds: {tmp_path / 'perf'}" in out
+    assert (tmp_path / "perf" / "perf-K3" / "record.json").is_file()
     bad = subprocess.run([sys.executable, "-m", "fedgo_lab.perf", "--config", "alpha=oops"],
                          cwd=REPO, capture_output=True, text=True)
     assert bad.returncode == 2 and "--config" in bad.stderr
