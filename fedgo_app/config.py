@@ -198,7 +198,8 @@ class Config:
                               ("robustness",))
     # --- nodes, checkpoints
     join_timeout: float = key(300.0, "seconds to wait for every partition's node before the "
-                              "pre-FL stage; then the run goes on with those that answered",
+                              "pre-FL stage; then the run goes on with those that answered (a "
+                              "node that is connected has round-timeout to answer)",
                               POSITIVE, ("nodes",))
     require_all_clients: bool = key(False, "fail instead of going on without a partition "
                                     "missing at the start (or without its discriminator)",

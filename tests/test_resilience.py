@@ -3,6 +3,7 @@ and ClientApp code; the real runtime's kill-and-resume is in test_first_run.py, 
 in test_deploy.py)."""
 
 import json
+import threading
 
 import pytest
 import torch
@@ -171,6 +172,29 @@ def test_a_node_lost_after_it_is_listed_is_one_that_did_not_answer(tiny_config):
     assert "Node Unavailable" in rounds[2]["replies"]["failed"]["1"]
     assert rounds[2]["replies"]["usable"] == 2
     assert rounds[3]["clients"] == [0, 3] and rounds[3]["replies"]["absent"] == [1]
+
+
+class SlowToAnswerGrid(ScriptedGrid):
+    """Partition 2's node is connected but answers discovery 1.5 s late, as a SuperNode on a
+    busy machine whose ClientApp process is slow to start."""
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        if any(m.metadata.message_type == "query" and m.metadata.dst_node_id == self.node(2)
+               for m in messages):
+            self.offline.add(self.node(2))  # its reply is held until it is back
+            threading.Timer(1.5, self.back_online, (self.node(2),)).start()
+        return super().push_messages(messages)
+
+
+def test_a_connected_node_slower_than_the_join_timeout_is_waited_for(tiny_config):
+    """The join-timeout bounds the wait for partitions whose node has not connected; a node
+    that is connected and asked has a round's wait (round-timeout) to answer."""
+    cfg = tiny_config.replace(strategy="fedavg", num_server_rounds=1, fraction_train=1.0,
+                              join_timeout=0.5, round_timeout=30.0)
+    record, _, _ = _run(cfg, grid=SlowToAnswerGrid(client_module.app, cfg.to_run_config(), 4))
+    assert record["clients"]["missing_at_start"] == []
+    assert sorted(record["clients"]["num_examples"]) == ["0", "1", "2", "3"]
 
 
 def test_require_all_clients_fails_fast_naming_the_missing_partition(tiny_config):

@@ -85,11 +85,14 @@ def classes_problem(node_classes: tuple[str, ...] | None,
 
 def discover_clients(mailbox: Mailbox, timeout: float, poll: float = 2.0,
                      label_histograms: bool = False, require_all: bool = True,
-                     classes: tuple[str, ...] = ()) -> ClientDirectory:
+                     classes: tuple[str, ...] = (), reply_timeout: float = 0.0
+                     ) -> ClientDirectory:
     """Ask every connected node for its partition id, partition count, n_k and class names
     (and, for the diagnostics alone, its label histogram), until all partitions 0..K-1 have
     answered (deployment nodes may connect late) or `timeout` passes; then, unless
-    `require_all`, go on with the partitions that answered. A node whose classes are not the
+    `require_all`, go on with the partitions that answered. A node that is connected and asked
+    has at least `reply_timeout` (a round's wait) to answer: on a busy machine its ClientApp
+    may take longer to start than the join-timeout, and it is not a node that never came. A node whose classes are not the
     server's `classes` fails the run under `require_all`, else it is left out (`refused`). A
     node that goes away after it is listed is one that did not answer."""
     grid = mailbox.grid
@@ -102,7 +105,8 @@ def discover_clients(mailbox: Mailbox, timeout: float, poll: float = 2.0,
         new = [n for n in grid.get_node_ids() if n not in asked]
         asked.update(new)
         failed = {}
-        answers = query_nodes(mailbox, new, max(deadline - time.monotonic(), 1.0),
+        answers = query_nodes(mailbox, new,
+                              max(deadline - time.monotonic(), reply_timeout, 1.0),
                               label_histograms)
         if num_partitions is None:  # the federation's K: what most nodes say
             ks = [a[1] for a in answers.values() if not isinstance(a, str)]

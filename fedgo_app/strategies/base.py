@@ -156,6 +156,7 @@ class FedAvgStrategy(ServerUpdateFedAvg):
         cfg = self.cfg
         self.mailbox = Mailbox(grid)
         self.clients = discover_clients(self.mailbox, timeout=cfg.join_timeout,
+                                        reply_timeout=cfg.round_timeout,
                                         label_histograms=self.asks_label_counts,
                                         require_all=cfg.require_all_clients,
                                         classes=self.setup.classes)
