@@ -23,7 +23,7 @@ ENSEMBLE_SPACES = ("logits", "probabilities")
 DISTILL_SETS = ("server-data", "generated")
 # The student trains in the channels-last memory format (train.channels_last: 1.3x the CNN's
 # images/s on the CPU, the same result up to float noise); False keeps the contiguous format,
-# the numerics before it (tests/test_move.py compares with those).
+# the numerics before it (tests/test_distill.py compares the two).
 CHANNELS_LAST = True
 # Who decides whether the distilled model replaces the averaged one: nobody (the papers) or
 # clients that did not train this round, on their own labelled data.
