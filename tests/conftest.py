@@ -4,6 +4,7 @@ import shutil
 import struct
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +42,21 @@ def write_tiny_fmnist(folder: Path, n_train: int = 1000, n_test: int = 200,
         write_idx(folder / f"{split}-images-idx3-ubyte{suffix}", x, compress)
         write_idx(folder / f"{split}-labels-idx1-ubyte{suffix}", y, compress)
     return folder
+
+
+def wait_on_progress(done, log: Path, what: str, stall: float = 300.0,
+                     poll: float = 0.5) -> None:
+    """Wait until done() holds, as long as the run writing `log` makes progress: fail only when
+    the log has not grown for `stall` seconds, so a busy machine's slow run is waited for
+    and a stuck one is not."""
+    size, last = -1, time.monotonic()
+    while not done():
+        now_size = log.stat().st_size if log.exists() else 0
+        if now_size != size:
+            size, last = now_size, time.monotonic()
+        elif time.monotonic() - last > stall:
+            raise TimeoutError(f"{what}: {log} did not grow for {stall:.0f}s")
+        time.sleep(poll)
 
 
 @pytest.fixture(scope="session", autouse=True)

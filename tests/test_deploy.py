@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
-from conftest import REPO
+from conftest import REPO, wait_on_progress
 from fedgo_lab import deploy
 
 
@@ -118,16 +118,18 @@ def test_a_tls_deployment_of_sites_runs_fedgo_on_without_lost_supernodes(tmp_pat
         overrides = (f'dataset="folder" data-dir="{server}" results-dir="{results}" '
                      'run-name="sites" fraction-train=1.0 join-timeout=60 round-timeout=300 '
                      f"checkpoint-keep=3 {TINY.format(rounds=3)}")
+        # the waits follow the run's log: a busy machine's slow run is waited for
         with open(tmp_path / "run.log", "w") as log:
             app = subprocess.Popen([str(Path(sys.executable).parent / "flwr"), "run",
                                     str(REPO), deploy.FEDERATION, "--stream", "-c", overrides],
                                    env=env, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)
             try:
-                deploy._wait_for(
+                wait_on_progress(
                     lambda: (results / "sites" / "checkpoints" / "round-0001.pt").exists()
-                    or app.poll() is not None, 300, "round 1 did not end")
+                    or app.poll() is not None, tmp_path / "run.log", "round 1 did not end")
                 os.killpg(supernodes[1], signal.SIGTERM)
-                app.wait(timeout=400)
+                wait_on_progress(lambda: app.poll() is not None, tmp_path / "run.log",
+                                 "the run did not end")
             finally:
                 if app.poll() is None:
                     app.kill()

@@ -9,13 +9,12 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import REPO
+from conftest import REPO, wait_on_progress
 from test_flwr_run import _children, _status, _superlink_pids, isolated_flwr  # noqa: F401
 
 pytestmark = pytest.mark.e2e
@@ -63,9 +62,8 @@ def test_a_plain_run_says_what_it_does_and_a_killed_copy_resumes_to_its_model(
                               stderr=subprocess.STDOUT)
     checkpoint = results / "cut" / "checkpoints" / "round-0002.pt"
     try:
-        deadline = time.monotonic() + 300
-        while not checkpoint.exists() and time.monotonic() < deadline and killed.poll() is None:
-            time.sleep(0.1)
+        wait_on_progress(lambda: checkpoint.exists() or killed.poll() is not None,
+                         tmp_path / "killed.log", "round 2 did not end", poll=0.1)
         assert checkpoint.exists(), (tmp_path / "killed.log").read_text()[-3000:]
         superlink, = _superlink_pids(Path(env["FLWR_HOME"]))
         simulation = [p for p in _children(superlink)
