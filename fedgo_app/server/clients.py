@@ -92,9 +92,10 @@ def discover_clients(mailbox: Mailbox, timeout: float, poll: float = 2.0,
     answered (deployment nodes may connect late) or `timeout` passes; then, unless
     `require_all`, go on with the partitions that answered. A node that is connected and asked
     has at least `reply_timeout` (a round's wait) to answer: on a busy machine its ClientApp
-    may take longer to start than the join-timeout, and it is not a node that never came. A node whose classes are not the
-    server's `classes` fails the run under `require_all`, else it is left out (`refused`). A
-    node that goes away after it is listed is one that did not answer."""
+    may take longer to start than the join-timeout, and it is not a node that never came. A
+    node whose classes are not the server's `classes` fails the run under `require_all`, else
+    it is left out (`refused`). A node that goes away after it is listed is one that did not
+    answer."""
     grid = mailbox.grid
     deadline = time.monotonic() + timeout
     clients: dict[int, Client] = {}
