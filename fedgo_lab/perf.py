@@ -198,8 +198,9 @@ def one_round(cfg: Config, num_clients: int) -> dict:
 
 def run_child(args: argparse.Namespace, num_clients: int, out: Path) -> dict:
     cmd = [sys.executable, "-m", "fedgo_lab.perf", "--one-round", str(num_clients),
-           "--out", str(out), "--alpha", str(args.alpha), "--distill-size", str(args.distill_size),
-           "--device", args.device, "--seed", str(args.seed), "--config", *args.config]
+           "--out", str(out), "--alpha", str(args.alpha),
+           "--distill-size", str(args.distill_size), "--device", args.device,
+           "--seed", str(args.seed), "--config", *args.config]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(MARKER)]
     if proc.returncode != 0 or not lines:

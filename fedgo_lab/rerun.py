@@ -12,8 +12,9 @@ cell of the plan. The records it writes are ordinary run records (in --out, defa
 results/rerun/<plan name>) with the device that made them; like the bench runner it skips a
 cell whose record is already there with the same config, so an interrupted call resumes.
 --parallel N runs N cells at once in separate processes (a GPU is far from busy with one
-small CNN run; 1, the default, runs them one after another in this process); --max-minutes M starts no run after M minutes; --config overrides keys of every
-cell (e.g. num-server-rounds=1 for a quick check). What it answers: does the same configuration
+small CNN run; 1, the default, runs them one after another in this process); --max-minutes M
+starts no run after M minutes; --config overrides keys of every cell (e.g. num-server-rounds=1
+for a quick check). What it answers: does the same configuration
 reach the same accuracy on this device, how much faster is it, and a whole plan's records on
 a machine that has no Ray.
 """
