@@ -234,6 +234,11 @@ class Config:
                                 "this share of the ensemble's weight everywhere (the clients "
                                 "share the rest by the rule); 0 = the paper; not in the paper",
                                 Allowed("in [0, 1)", lambda v: 0 <= v < 1), ("distillation",))
+    past_teachers: int = key(0, "the last P global models (those of rounds t-P to t-1, none "
+                             "before round 1's) as more teachers, each holding the share a "
+                             "member holds on average, 1/(K + P) of the weight everywhere (the "
+                             "clients share the rest by the rule); 0 = the papers; not in the "
+                             "papers", NON_NEGATIVE, ("distillation",))
     distill_set: str = key("server-data", "what the server distils on: server-data (U, the "
                            "paper's main tables) or generated (distill-size images drawn from G "
                            "once after the pre-FL stage, FedGO's Table 2 D2); every ensemble "

@@ -19,7 +19,7 @@ from fedgo_flwr.train import accuracy_and_loss
 from fedgo_flwr.weighting import (NEEDS_DISCRIMINATORS, NEEDS_LABEL_COUNTS, WEIGHTINGS,
                                   WeightRule, class_count_ensemble_weights,
                                   label_oracle_weights, odds_weights, weighting_rule,
-                                  with_averaged_member)
+                                  with_members)
 
 # Sharpened odds reported beside the paper's beta = 1 (see odds_weights).
 ODDS_BETAS = (2, 4, 8)
@@ -39,6 +39,8 @@ CLASS_COUNT_FROM_OWN = "class-count-from-own"
 # The run's own ensemble with the averaged model (a teacher the server already has) as one
 # more member holding this share of the weight.
 WITH_AVERAGED, AVERAGED_SHARE = "active+averaged", 0.5
+# The past global models the lasting diagnostics add as members when the run has none.
+PAST_TEACHERS = 3
 
 
 def size_weights(logits: torch.Tensor, log_odds: torch.Tensor,
@@ -113,8 +115,8 @@ def ensemble_diagnostics(logits: torch.Tensor, log_odds: torch.Tensor | None,
     members = {name: (logits, w) for name, w in weights.items()}
     if averaged_logits is not None:
         with_averaged = torch.cat([logits, averaged_logits[None]])
-        members[WITH_AVERAGED] = (with_averaged, with_averaged_member(
-            lambda *_: active, AVERAGED_SHARE)(with_averaged, odds_in, num_examples))
+        members[WITH_AVERAGED] = (with_averaged, with_members(
+            lambda *_: active, [AVERAGED_SHARE])(with_averaged, odds_in, num_examples))
     for space in ENSEMBLE_SPACES:
         out[space] = {}
         for name, (teachers, w) in members.items():
@@ -126,15 +128,17 @@ def ensemble_diagnostics(logits: torch.Tensor, log_odds: torch.Tensor | None,
 
 
 def lasting_diagnostics(ensemble_log_probs: torch.Tensor, averaged_logits: torch.Tensor,
-                        labels: torch.Tensor) -> dict:
+                        labels: torch.Tensor, past_log_probs: torch.Tensor | None = None
+                        ) -> dict:
     """What the options that keep FedGO's lead (issue 46) would do with one round's teacher
     on labelled images: log y~ [N, C] of the run's own rule, the averaged model's logits
-    [N, C], labels [N].
+    [N, C], labels [N], and log y~ of that rule with past global models as members
+    (`past-teachers`, see weighting.past_member_shares) where the run has any.
 
     Returns 'floor' (teacher-floor): the floored teacher's acc and loss and the share of images
     where the averaged model keeps its own label; 'confident' (confidence-threshold): for each
     of CONFIDENCE_LEVELS the share of images kept and the ensemble's and the averaged model's
-    accuracy on them."""
+    accuracy on them; 'past' (past-teachers): that teacher's acc and loss."""
     acc, loss = accuracy_and_loss(floored(ensemble_log_probs, averaged_logits), labels)
     own = torch.log_softmax(averaged_logits, -1)
     surer = own.max(-1).values > ensemble_log_probs.max(-1).values
@@ -149,5 +153,9 @@ def lasting_diagnostics(ensemble_log_probs: torch.Tensor, averaged_logits: torch
             "acc": right[kept].float().mean().item() if kept.any() else float("nan"),
             "averaged_acc": (averaged_right[kept].float().mean().item() if kept.any()
                              else float("nan"))}
-    return {"floor": {"acc": acc, "loss": loss, "own_share": surer.float().mean().item()},
-            "confident": confident}
+    out = {"floor": {"acc": acc, "loss": loss, "own_share": surer.float().mean().item()},
+           "confident": confident}
+    if past_log_probs is not None:
+        acc, loss = accuracy_and_loss(past_log_probs, labels)
+        out["past"] = {"acc": acc, "loss": loss}
+    return out

@@ -7,6 +7,7 @@ output itself is D_k(u) = sigmoid(log Phi_k(u)), so rules that want D_k get it e
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import partial
 from typing import Callable
 
@@ -102,15 +103,25 @@ def class_count_ensemble_weights(logits: torch.Tensor, log_odds: torch.Tensor,
     return weights
 
 
-def with_averaged_member(rule: WeightRule, share: float) -> WeightRule:
-    """`rule` over the clients with the round's averaged model as one more member (not in the
-    paper): its logits come last in [K + 1, B, C], it gets `share` of the weight everywhere and
-    the clients (1 - share) of theirs; log-odds and n_k stay the clients' [K]."""
+def with_members(rule: WeightRule, shares: Sequence[float]) -> WeightRule:
+    """`rule` over the clients with models the server holds as more members (not in the
+    paper: the round's averaged model, past global models): their logits come last in
+    [K + M, B, C], member m gets shares[m] of the weight everywhere and the clients
+    (1 - sum(shares)) of theirs; log-odds and n_k stay the clients' [K]."""
+    m = len(shares)
+
     def weights(logits: torch.Tensor, log_odds: torch.Tensor,
                 num_examples: torch.Tensor) -> torch.Tensor:
-        inner = rule(logits[:-1], log_odds, num_examples)
-        return torch.cat([(1 - share) * inner, inner.new_full((1, inner.shape[1]), share)])
+        inner = rule(logits[:len(logits) - m], log_odds, num_examples)
+        fixed = torch.tensor(list(shares), dtype=inner.dtype)[:, None].expand(m, inner.shape[1])
+        return torch.cat([(1 - sum(shares)) * inner, fixed])
     return weights
+
+
+def past_member_shares(num_teachers: int, num_past: int) -> list[float]:
+    """The shares of P past global models as members beside K teachers (`past-teachers`, not
+    in the papers): each holds what a member holds on average, 1/(K + P)."""
+    return [1 / (num_teachers + num_past)] * num_past
 
 
 WEIGHTINGS: dict[str, WeightRule] = {

@@ -226,29 +226,32 @@ def lasting_table(record: dict, window: int = 10, level: str = "0.9") -> str:
     """Per window of `window` rounds of a record with diagnostics (issue 46): the mean test
     accuracy (%) of the server model, the averaged model before distillation, the round's
     teacher, and the teachers the lasting options would give on the same client models
-    (`teacher-floor`, `averaged-share` 0.5) with the share of images the floor hands to the
-    averaged model, and at confidence `level` the share of images kept and the teacher's and
-    the averaged model's accuracy on them. Where every teacher stays below the averaged
+    (`teacher-floor`, `averaged-share` 0.5, `past-teachers`: "-" where a record has none, as
+    in round 1 and in records made before the key) with the share of images the floor hands to
+    the averaged model, and at confidence `level` the share of images kept and the teacher's
+    and the averaged model's accuracy on them. Where every teacher stays below the averaged
     model, distillation pulls the server model down."""
     rounds = [r for r in record["rounds"] if "lasting" in r.get("diagnostics", {})]
     if not rounds:
         return "(no lasting diagnostics in this record: run it with diagnostics = true)"
     space = record["config"].get("ensemble-space", "logits")
     lines = [f"| rounds | server | averaged (before distillation) | teacher | floored teacher "
-             f"| teacher with averaged member | floor's own share | kept at {level} | "
-             f"teacher there | averaged there |", "|---|---|---|---|---|---|---|---|---|---|"]
+             f"| teacher with averaged member | teacher with past globals | floor's own share "
+             f"| kept at {level} | teacher there | averaged there |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for start in range(0, len(rounds), window):
         part = rounds[start:start + window]
         d = [r["diagnostics"] for r in part]
         sure = [x["lasting"]["confident"][level] for x in d]
-        cells = [statistics.mean(v) for v in (
+        cells = [statistics.mean(v) if v else None for v in (
             [r["server_test_acc"] for r in part], [x["averaged"]["acc"] for x in d],
             [r["ensemble_test_acc"] for r in part], [x["lasting"]["floor"]["acc"] for x in d],
             [x[space]["active+averaged"]["acc"] for x in d],
+            [x["lasting"]["past"]["acc"] for x in d if "past" in x["lasting"]],
             [x["lasting"]["floor"]["own_share"] for x in d], [c["kept"] for c in sure],
             [c["acc"] for c in sure], [c["averaged_acc"] for c in sure])]
-        lines.append(f"| {part[0]['round']}-{part[-1]['round']} | "
-                     + " | ".join(f"{100 * c:.1f}" for c in cells) + " |")
+        lines.append(f"| {part[0]['round']}-{part[-1]['round']} | " + " | ".join(
+            "-" if c is None else f"{100 * c:.1f}" for c in cells) + " |")
     return "\n".join(lines)
 
 

@@ -239,9 +239,10 @@ def test_data_comes_as_tensors_datasets_or_loaders_of_dicts():
 
 
 def test_the_lasting_options_reach_the_librarys_distillation():
-    """teacher_floor, confidence_threshold and distill_budget (not in the papers) compose with
-    every ensemble strategy of the library; the threshold leaves out the unsure pseudo-labels,
-    the budget takes the share of the steps that is the average's disagreement."""
+    """teacher_floor, confidence_threshold, distill_budget and past_teachers (not in the
+    papers) compose with every ensemble strategy of the library; the threshold leaves out the
+    unsure pseudo-labels, the budget takes the share of the steps that is the average's
+    disagreement, the past global models join from round 2 on."""
     plain = FedDF(unlabeled_data=U, model_fn=UserNet, **SMALL)
     _, result = run(plain, rounds=1)
     assert result.train_metrics_clientapp[1]["distill-kept"] == 1.0
@@ -256,6 +257,11 @@ def test_the_lasting_options_reach_the_librarys_distillation():
     metrics = result.train_metrics_clientapp[1]
     assert 0 <= metrics["disagreement"] <= 1
     assert metrics["distill-kept"] <= metrics["disagreement"] + 1 / len(U)
+    past = FedDF(unlabeled_data=U, model_fn=UserNet, past_teachers=2, **SMALL)
+    _, result = run(past, rounds=3)
+    assert [result.train_metrics_clientapp[t]["past-teachers"] for t in (1, 2, 3)] == [0, 1, 2]
+    with pytest.raises(ValueError, match="past_teachers is -1; allowed: >= 0"):
+        FedDF(unlabeled_data=U, model_fn=UserNet, past_teachers=-1)
     with pytest.raises(ValueError, match="distill_budget is 'half'; allowed: full, disagreement"):
         FedDF(unlabeled_data=U, model_fn=UserNet, distill_budget="half")
     with pytest.raises(ValueError, match=r"confidence_threshold is 1.5; allowed: \[0, 1\)"):

@@ -17,7 +17,7 @@ from server_app.app import run
 # Each strategy with state that carries across rounds, and FedAvg.
 RESUMABLE = {
     "fedavg": {},
-    "fedgo": {},
+    "fedgo": {"past_teachers": 2},  # the past global models it keeps as teachers resume too
     "fedgen": {"fedgen_generator_steps": 3},
     "dafkd": {"dafkd_gan_rounds": 2},
     # the server's G, optimiser and retained pseudo-data resume; the clients' own models live

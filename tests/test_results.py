@@ -232,7 +232,13 @@ def test_the_lasting_table_sets_each_teacher_beside_the_averaged_model():
                          "logits": {"active+averaged": {"acc": 0.65 + 0.01 * t}},
                          "lasting": {"floor": {"acc": 0.72, "own_share": 0.3},
                                      "confident": {"0.9": sure}}}} for t in (1, 2, 3)]
+    for t in (2, 3):  # past global models from round 2 on
+        rounds[t]["diagnostics"]["lasting"]["past"] = {"acc": 0.7 + 0.02 * t}
     rows = lasting_table({"config": {}, "rounds": rounds}, window=2).splitlines()
-    assert rows[2] == "| 1-2 | 70.0 | 75.0 | 60.0 | 72.0 | 66.5 | 30.0 | 50.0 | 90.0 | 80.0 |"
-    assert rows[3].startswith("| 3-3 | 70.0 | 75.0 | 60.0 | 72.0 | 68.0 |")
+    assert rows[2] == ("| 1-2 | 70.0 | 75.0 | 60.0 | 72.0 | 66.5 | 74.0 | 30.0 | 50.0 | 90.0 "
+                       "| 80.0 |")
+    assert rows[3].startswith("| 3-3 | 70.0 | 75.0 | 60.0 | 72.0 | 68.0 | 76.0 |")
+    del rounds[2]["diagnostics"]["lasting"]["past"]  # a record made before the key
+    assert lasting_table({"config": {}, "rounds": rounds[:3]}).splitlines()[2].startswith(
+        "| 1-2 | 70.0 | 75.0 | 60.0 | 72.0 | 66.5 | - | 30.0 |")
     assert "no lasting diagnostics" in lasting_table({"config": {}, "rounds": rounds[:1]})

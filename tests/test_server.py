@@ -228,6 +228,23 @@ def test_the_disagreement_budget_takes_the_share_of_steps_the_diagnostics_measur
     assert budget["ensemble_test_acc"] == paper["ensemble_test_acc"]  # the same teacher
 
 
+def test_past_global_models_as_teachers_are_what_the_diagnostics_score(tiny_config):
+    """past-teachers = 3 gets the ensemble the diagnostics score as the run's own rule with
+    the past global models as members, each holding 1/(K + P) of the weight, on the same
+    client models: round 1 has none (the two runs agree), round 2 has round 1's global model
+    (issue 46, item 3)."""
+    base = tiny_config.replace(diagnostics=True)
+    paper = _run(base)[0]["rounds"]
+    past = _run(base.replace(past_teachers=3, diagnostics=False, run_name="past"))[0]["rounds"]
+    assert "past" not in paper[1]["diagnostics"]["lasting"]
+    assert past[1]["server_test_acc"] == paper[1]["server_test_acc"]
+    assert past[2]["clients"] == paper[2]["clients"]
+    scored = paper[2]["diagnostics"]["lasting"]["past"]
+    assert past[2]["ensemble_test_acc"] == scored["acc"]
+    assert past[2]["ensemble_test_loss"] == pytest.approx(scored["loss"], abs=1e-6)
+    assert past[2]["ensemble_test_loss"] != paper[2]["ensemble_test_loss"]  # another teacher
+
+
 def _info_replies(cfg):
     infos = []
 

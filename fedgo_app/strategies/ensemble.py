@@ -9,12 +9,12 @@ uniform, no discriminators; FedGO: odds). `averaged-share` > 0 (not in the paper
 round's averaged model one more teacher with that share of the weight; `distillation-guard =
 clients` (not in the papers either) keeps the averaged model where clients that did not train
 score it above the distilled one; `teacher-floor` keeps the averaged model's own label where it
-is surer than the ensemble, `confidence-threshold` distils only on sure pseudo-labels, and
+is surer than the ensemble, `confidence-threshold` distils only on sure pseudo-labels,
 `distill-budget = disagreement` takes the share of the steps that is the averaged model's
-disagreement with the pseudo-labels (none in the papers; the diagnostics score or measure each
-on the run's own models every round). FedDF's published update (step budget, clipping,
-early stopping on labelled data) overrides `distill_batches` and `distill_student` behind
-`feddf-published`.
+disagreement with the pseudo-labels, and `past-teachers` makes the last global models more
+teachers (none in the papers; the diagnostics score or measure each on the run's own models
+every round). FedDF's published update (step budget, clipping, early stopping on labelled
+data) overrides `distill_batches` and `distill_student` behind `feddf-published`.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import torch
 from flwr.app import ArrayRecord, Message, RecordDict
 from flwr.common.logger import log
 
-from fedgo_flwr.diagnostics import ensemble_diagnostics, lasting_diagnostics
+from fedgo_flwr.diagnostics import PAST_TEACHERS, ensemble_diagnostics, lasting_diagnostics
 from fedgo_flwr.distill import (budgeted, confident_batches, cosine_lr, disagreement, distill,
                                 draw_batches, ensemble_log_probs, floored, view_pseudo_labels)
 from fedgo_app.generators import generator_arguments, obtain_generator
@@ -41,7 +41,7 @@ from fedgo_app.strategies.base import (CLIENT, EVALUATE_CANDIDATES, ClientModel,
 from fedgo_app.strategies.fedgan import TRAIN_FEDGAN, fedgan_generator, fedgan_update
 from fedgo_flwr.teachers import teacher_logits
 from fedgo_flwr.train import accuracy_and_loss
-from fedgo_flwr.weighting import WeightRule, with_averaged_member
+from fedgo_flwr.weighting import WeightRule, past_member_shares, with_members
 
 
 # What every ensemble strategy reads and how a results table marks its departures.
@@ -51,7 +51,7 @@ MARKS = (("ensemble-space", "logits", "probabilities"), ("distill-schedule", "co
          ("generator-source", "train-on-u", "G: {}"), ("distill-set", "server-data", "{} set"),
          ("redraw-distill-set", False, "redrawn"), ("view-draw", "per-pass", "views {}"),
          ("teacher-floor", False, "server floor"), ("confidence-threshold", 0.0, "confident {:g}"),
-         ("distill-budget", "full", "{} budget"))
+         ("distill-budget", "full", "{} budget"), ("past-teachers", 0, "past {}"))
 
 # Every ensemble strategy's clients: FedAvg's, and FedGAN's local step (a generator source).
 ENSEMBLE_CLIENT = {**CLIENT, TRAIN_FEDGAN: fedgan_update}
@@ -69,6 +69,8 @@ class EnsembleDistillation(FedAvgStrategy):
         self.u = setup.u  # the distillation set (DaFKD generates a new one every round)
         self._generator: Generator | None = None
         self._grid = None  # the pre-FL stage's, for a generator the clients train (FedGAN)
+        # theta_s of the last rounds, oldest first (`past-teachers`, or the diagnostics')
+        self.past_globals: list[dict[str, torch.Tensor]] = []
 
     # --- the generator and the distillation set (FedGO's Table 2)
     def generator(self) -> Generator:
@@ -111,6 +113,8 @@ class EnsembleDistillation(FedAvgStrategy):
     # stage that drew it; with redraws, so does G (FedGAN's would need the clients again).
     def state_dict(self) -> dict:
         state = super().state_dict()
+        if self.past_globals:
+            state["past_globals"] = self.past_globals
         if self.generated_set:
             state["distillation_set"] = self.u
         if self.generated_set and self.cfg.redraw_distill_set:
@@ -122,6 +126,7 @@ class EnsembleDistillation(FedAvgStrategy):
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
+        self.past_globals = state.get("past_globals", [])
         if "distillation_set" in state:
             self.u = state["distillation_set"]
         if "distillation_generator" in state:
@@ -162,10 +167,22 @@ class EnsembleDistillation(FedAvgStrategy):
         counts gets theirs bound here)."""
         return self.weighting
 
-    def logits_of(self, net: torch.nn.Module, x: torch.Tensor, flip: bool = False
+    def logits_of(self, nets: list[torch.nn.Module], x: torch.Tensor, flip: bool = False
                   ) -> torch.Tensor:
-        """One model's logits on images x, [1, N, C], as the teachers' are computed."""
-        return teacher_logits([net], x, device=self.setup.device, flip=flip, amp=self.setup.amp)
+        """The server's own models' logits on images x, [M, N, C], as the teachers' are
+        computed."""
+        return teacher_logits(nets, x, device=self.setup.device, flip=flip, amp=self.setup.amp)
+
+    def past_teachers(self, server_round: int) -> list[torch.nn.Module]:
+        """Keeps theta_s^{t-1}, the global model this round's clients started from (from
+        round 1's on), and returns the `past-teachers` last ones as models."""
+        cfg = self.cfg
+        keep = cfg.past_teachers or (PAST_TEACHERS if cfg.diagnostics else 0)
+        if keep and server_round > 1:
+            (sent,) = self.globals_of(self._sent_state).values()
+            self.past_globals = (self.past_globals + [sent])[-keep:]
+        last = self.past_globals[max(0, len(self.past_globals) - cfg.past_teachers):]
+        return [self.setup.new_classifier(state=s) for s in last] if cfg.past_teachers else []
 
     # --- the shared distillation protocol
     def server_lr(self, server_round: int) -> float:
@@ -209,7 +226,7 @@ class EnsembleDistillation(FedAvgStrategy):
         cfg = self.cfg
         unsupported = [key for key, on in (
             ("diagnostics", cfg.diagnostics), ("averaged-share", cfg.averaged_share > 0),
-            ("teacher-floor", cfg.teacher_floor),
+            ("past-teachers", cfg.past_teachers > 0), ("teacher-floor", cfg.teacher_floor),
             ("distill-budget", cfg.distill_budget != "full"),
             ("distillation-guard", cfg.distillation_guard != "none")) if on]
         if unsupported:
@@ -235,23 +252,33 @@ class EnsembleDistillation(FedAvgStrategy):
                 for m in models]
         n_k = torch.tensor([m.num_examples for m in models], dtype=torch.float32)
         client_rule = self.round_weighting(models)
-        mixed = self.heterogeneous  # no averaged-model teacher, diagnostics or guard
+        mixed = self.heterogeneous  # no server-held teacher, diagnostics or guard
+        past: list[torch.nn.Module] = []
         if not mixed:
             (single,) = averaged.values()
             average = self.setup.new_classifier(state=single)
-        member = cfg.averaged_share > 0  # the averaged model as the last teacher
-        weighting = (with_averaged_member(client_rule, cfg.averaged_share) if member
-                     else client_rule)
+            past = self.past_teachers(server_round)
+        # the teachers the server holds come after the clients': past global models, then
+        # the averaged model (its share taken first)
+        member = cfg.averaged_share > 0
+        weighting = client_rule
+        if past:
+            weighting = with_members(weighting, past_member_shares(len(models), len(past)))
+        if member:
+            weighting = with_members(weighting, [cfg.averaged_share])
         students = {arch: self.setup.new_classifier(arch, state)
                     for arch, state in averaged.items()}
         batches = self.distill_batches(server_round)
 
         def view_scores(v: int, samples: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             logits, log_odds = self.view_scores(models, nets, v, samples)
+            rows = [logits]
+            if past:
+                rows.append(self.logits_of(past, u[samples], flip=v == 1))
             if member or cfg.teacher_floor:  # last row(s): the teacher, then the floor
-                own = self.logits_of(average, u[samples], flip=v == 1)
-                logits = torch.cat([logits] + [own] * (member + cfg.teacher_floor))
-            return logits, log_odds
+                own = self.logits_of([average], u[samples], flip=v == 1)
+                rows += [own] * (member + cfg.teacher_floor)
+            return torch.cat(rows), log_odds
 
         if batches:
             start = time.perf_counter()
@@ -284,7 +311,7 @@ class EnsembleDistillation(FedAvgStrategy):
 
         if cfg.ensemble_test or cfg.diagnostics:
             self.score_ensemble(server_round, models, nets, n_k, weighting, client_rule,
-                                None if mixed else (single, average))
+                                None if mixed else (single, average), past)
         distilled = {arch: {k: v.detach().cpu() for k, v in student.state_dict().items()}
                      for arch, student in students.items()}
         if cfg.distillation_guard == "clients" and batches:
@@ -295,18 +322,20 @@ class EnsembleDistillation(FedAvgStrategy):
     def score_ensemble(self, server_round: int, models: list[ClientModel],
                        nets: list[torch.nn.Module], n_k: torch.Tensor, weighting: WeightRule,
                        client_rule: WeightRule,
-                       averaged: tuple[dict[str, torch.Tensor], torch.nn.Module] | None
-                       ) -> None:
+                       averaged: tuple[dict[str, torch.Tensor], torch.nn.Module] | None,
+                       past: list[torch.nn.Module]) -> None:
         """The weighted ensemble's test accuracy and loss (`ensemble-test`), and with
         `diagnostics` every rule on the same teachers; `averaged`: the round's averaged
-        state and model (None in a mixed federation)."""
+        state and model (None in a mixed federation), `past`: its past global models."""
         cfg, entry = self.cfg, self.record.round(server_round)
         member = cfg.averaged_share > 0
         start = time.perf_counter()
         test_logits, log_odds = self.test_scores(models, nets)
-        average_logits = (self.logits_of(averaged[1], self.setup.test_x)
+        average_logits = (self.logits_of([averaged[1]], self.setup.test_x)
                           if member or cfg.teacher_floor or cfg.diagnostics else None)
-        teachers = torch.cat([test_logits, average_logits]) if member else test_logits
+        past_logits = self.logits_of(past, self.setup.test_x) if past else None
+        teachers = torch.cat([test_logits] + [past_logits] * bool(past)
+                             + [average_logits] * member)
         weights = weighting(teachers, log_odds, n_k)
         log_probs = ensemble_log_probs(teachers, weights, cfg.ensemble_space)
         if cfg.teacher_floor:
@@ -314,7 +343,8 @@ class EnsembleDistillation(FedAvgStrategy):
         acc, loss = accuracy_and_loss(log_probs, self.setup.test_y)
         entry.update(ensemble_test_acc=acc, ensemble_test_loss=loss)
         if cfg.diagnostics:
-            active = client_rule(test_logits, log_odds, n_k) if member else weights
+            active = (client_rule(test_logits, log_odds, n_k) if len(teachers) > len(nets)
+                      else weights)
             entry["diagnostics"] = ensemble_diagnostics(
                 test_logits, log_odds if self.has_discriminators else None, n_k,
                 self.setup.test_y, entropy_tau=cfg.entropy_tau,
@@ -323,9 +353,18 @@ class EnsembleDistillation(FedAvgStrategy):
                 averaged_logits=average_logits[0],
                 capped=not cfg.calibrated_odds)
             # the options that keep a lead, each as it would act alone on these models
+            if not past and self.past_globals:  # the diagnostics' own past teachers
+                past_logits = self.logits_of([self.setup.new_classifier(state=s)
+                                              for s in self.past_globals], self.setup.test_x)
+            with_past = None
+            if past_logits is not None:
+                members = torch.cat([test_logits, past_logits])
+                with_past = ensemble_log_probs(members, with_members(
+                    lambda *_: active, past_member_shares(len(nets), len(past_logits)))(
+                        members, log_odds, n_k), cfg.ensemble_space)
             entry["diagnostics"]["lasting"] = lasting_diagnostics(
                 ensemble_log_probs(test_logits, active, cfg.ensemble_space), average_logits[0],
-                self.setup.test_y)
+                self.setup.test_y, with_past)
             # what FedAvg keeps this round, where distillation started (`averaged` is unchanged)
             avg_acc, avg_loss = self.test_metrics(averaged[0])
             entry["diagnostics"]["averaged"] = {"acc": avg_acc, "loss": avg_loss}

@@ -28,7 +28,7 @@ from fedgo_flwr.seeds import round_seed
 from fedgo_flwr.strategies.base import ClientModel, ServerUpdateFedAvg
 from fedgo_flwr.teachers import teacher_logits
 from fedgo_flwr.train import OPTIMIZERS
-from fedgo_flwr.weighting import WeightRule
+from fedgo_flwr.weighting import WeightRule, past_member_shares, with_members
 
 SCHEDULES = ("cosine", "constant")
 
@@ -72,6 +72,10 @@ class EnsembleDistillation(ServerUpdateFedAvg):
         Not in the papers: "full" takes every step; "disagreement" takes the share of them
         that is the share of the met images where the average's class is not the
         pseudo-label's (fedgo_flwr.distill.disagreement), so distillation fades as they agree.
+    past_teachers : int (default: 0)
+        Not in the papers: the global models of the last P rounds as more teachers, each
+        holding 1/(K + P) of the weight everywhere, K being the round's teachers
+        (fedgo_flwr.weighting.past_member_shares); 0 keeps the round's clients alone.
     model_fn, seed, device, aggregate_fn, **kwargs
         As in `ServerUpdateFedAvg` (fedgo_flwr.strategies.base), and every keyword Flower's
         `FedAvg` takes.
@@ -84,7 +88,7 @@ class EnsembleDistillation(ServerUpdateFedAvg):
                  ensemble_space: str = "logits", flip_views: bool = True,
                  view_draw: str = "per-pass", teacher_floor: bool = False,
                  confidence_threshold: float = 0.0, distill_budget: str = "full",
-                 **kwargs) -> None:
+                 past_teachers: int = 0, **kwargs) -> None:
         super().__init__(model_fn=model_fn, **kwargs)
         for name, value, allowed in (("distill_optimizer", distill_optimizer, OPTIMIZERS),
                                      ("distill_schedule", distill_schedule, SCHEDULES),
@@ -95,6 +99,8 @@ class EnsembleDistillation(ServerUpdateFedAvg):
                 raise ValueError(f"{name} is {value!r}; allowed: {', '.join(allowed)}")
         if not 0 <= confidence_threshold < 1:
             raise ValueError(f"confidence_threshold is {confidence_threshold}; allowed: [0, 1)")
+        if past_teachers < 0:
+            raise ValueError(f"past_teachers is {past_teachers}; allowed: >= 0")
         if distill_epochs < 0 or distill_batch_size < 1 or distill_lr <= 0:
             raise ValueError("distill_epochs >= 0, distill_batch_size >= 1 and distill_lr > 0 "
                              f"are needed; got {distill_epochs}, {distill_batch_size}, "
@@ -107,6 +113,8 @@ class EnsembleDistillation(ServerUpdateFedAvg):
         self.ensemble_space, self.views = ensemble_space, 2 if flip_views else 1
         self.view_draw, self.teacher_floor = view_draw, teacher_floor
         self.confidence_threshold, self.distill_budget = confidence_threshold, distill_budget
+        self.past_teachers = past_teachers
+        self.past_globals: list[dict[str, torch.Tensor]] = []  # theta_s, oldest first
 
     def summary(self) -> None:
         super().summary()
@@ -132,24 +140,30 @@ class EnsembleDistillation(ServerUpdateFedAvg):
                                seed=round_seed(self.seed, server_round),
                                view_draw=self.view_draw)
         student, lr = self.load(averaged.to_torch_state_dict()), self.server_lr(server_round)
+        past = [self.load(s) for s in self.past_globals]
+        weighting = (with_members(self.weighting, past_member_shares(len(teachers), len(past)))
+                     if past else self.weighting)
 
         def scores(v: int, samples: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             logits, log_odds = self.scores(teachers, nets, u, samples, v)
-            if self.teacher_floor:  # the average's own logits last: the floor, not a teacher
-                own = teacher_logits([student], u[samples], device=self.device,
-                                     flip=v == 1, amp=self.device.type == "cuda")
-                logits = torch.cat([logits, own])
+            # the past global models next (members), the average's own logits last (the
+            # floor, not a teacher)
+            own = past + [student] * self.teacher_floor
+            if own:
+                logits = torch.cat([logits, teacher_logits(
+                    own, u[samples], device=self.device, flip=v == 1,
+                    amp=self.device.type == "cuda")])
             return logits, log_odds
 
         start = time.perf_counter()
-        targets = view_pseudo_labels(scores, len(u), n_k, self.weighting, batches,
+        targets = view_pseudo_labels(scores, len(u), n_k, weighting, batches,
                                      views=self.views, space=self.ensemble_space,
                                      floor=self.teacher_floor)
         labelling = time.perf_counter() - start
         met = sum(len(b) for b in batches)
         if self.confidence_threshold > 0:
             batches = confident_batches(batches, targets, self.confidence_threshold)
-        metrics = {}
+        metrics = {"past-teachers": len(past)} if self.past_teachers else {}
         if self.distill_budget == "disagreement":
             metrics["disagreement"] = disagreement(student, u, targets, device=self.device,
                                                    amp=self.device.type == "cuda")
@@ -160,7 +174,10 @@ class EnsembleDistillation(ServerUpdateFedAvg):
         log(INFO, "round %d: %d teachers pseudo-labelled %d images (%.1fs); distilled, KL "
             "%.4f (%.1fs)", server_round, len(teachers), len(u), labelling,
             info["distill_loss"], info["seconds"])
-        return ArrayRecord(student.cpu().state_dict()), {
+        state = {k: v.detach().clone() for k, v in student.cpu().state_dict().items()}
+        if self.past_teachers:  # a teacher of the next rounds
+            self.past_globals = (self.past_globals + [state])[-self.past_teachers:]
+        return ArrayRecord(state), {
             "distill-loss": info["distill_loss"], "distill-lr": lr,
             "distill-teachers": len(teachers), "pseudo-label-seconds": labelling,
             "distill-kept": sum(len(b) for b in batches) / met,
