@@ -3,7 +3,7 @@ compare each with its recorded run when there is one: wall time and the server a
 last three rounds.
 
     python -m fedgo_lab.rerun conf/bench/fmnist-lead.yaml [RUN ...] [--against DIR] \\
-        [--out DIR] [--parallel N] [--max-minutes M] [--config KEY=VALUE ...]
+        [--out DIR] [--parallel N] [--threads N] [--max-minutes M] [--config KEY=VALUE ...]
 
 In process means the in-process grid (fedgo_lab.inprocess): the real ServerApp and ClientApp
 code with no SuperLink and no Ray, the clients one after another, so the tool runs wherever
@@ -12,7 +12,8 @@ cell of the plan. The records it writes are ordinary run records (in --out, defa
 results/rerun/<plan name>) with the device that made them; like the bench runner it skips a
 cell whose record is already there with the same config, so an interrupted call resumes.
 --parallel N runs N cells at once in separate processes (a GPU is far from busy with one
-small CNN run; 1, the default, runs them one after another in this process); --max-minutes M
+small CNN run; 1, the default, runs them one after another in this process) with --threads
+torch threads each (default: the cores shared among them); --max-minutes M
 starts no run after M minutes; --config overrides keys of every cell (e.g. num-server-rounds=1
 for a quick check). What it answers: does the same configuration
 reach the same accuracy on this device, how much faster is it, and a whole plan's records on
@@ -103,6 +104,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parallel", type=int, default=1, metavar="N",
                         help="cells run at once, each in its own process (default 1: one after "
                         "another in this process)")
+    parser.add_argument("--threads", type=int, default=None, metavar="N",
+                        help="torch threads a cell (default: this machine's cores / --parallel; "
+                        "fewer when something else shares the cores: more threads than cores "
+                        "slowed two runs side by side on 2 cores four times)")
     parser.add_argument("--max-minutes", type=float, default=None, metavar="M",
                         help="start no run after this many minutes (the call resumes later)")
     add_config_flag(parser, "over every cell's")
@@ -110,8 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     repo = repo_of(parser, args)
     overrides = config_values(parser, args.config)
-    if args.parallel < 1:
-        parser.error(f"--parallel: at least 1, got {args.parallel}")
+    for flag, value in (("--parallel", args.parallel), ("--threads", args.threads)):
+        if value is not None and value < 1:
+            parser.error(f"{flag}: at least 1, got {value}")
     try:
         plan = load_plan(args.plan)
         out = (args.out or repo / "results" / "rerun" / plan.get("name", args.plan.stem)).resolve()
@@ -146,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[rerun] {len(todo)} of {len(names)} cells to run on {label}, {args.parallel} at a "
           f"time ({len(done)} already in {out})", flush=True)
     deadline = time.time() + 60 * (args.max_minutes if args.max_minutes is not None else 1e9)
-    threads = max(1, (os.cpu_count() or 1) // args.parallel)
+    threads = args.threads or max(1, (os.cpu_count() or 1) // args.parallel)
     num_clients = plan["federation"]["num-supernodes"]
     rows, pending = [], list(todo)  # pending: not yet started
     # one at a time needs no process of its own (a start-up of torch and Flower saved a cell)

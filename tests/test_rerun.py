@@ -29,7 +29,8 @@ def test_a_rerun_on_the_same_device_reproduces_its_record(tmp_path, tiny_data_di
     cell, = cells_of(load_plan(plan), tmp_path / "recorded", REPO)
     recorded, _ = rerun.rerun(Config.from_run_config(cell.run_config), 4)
     assert rerun.main([str(plan), "fedavg-a0.5-s0", "--against", str(tmp_path / "recorded"),
-                       "--out", str(tmp_path / "again"), "--repo", str(REPO)]) == 0
+                       "--out", str(tmp_path / "again"), "--repo", str(REPO),
+                       "--threads", "1"]) == 0
     again = json.loads((tmp_path / "again" / "fedavg-a0.5-s0" / "record.json").read_text())
     assert [r["server_test_acc"] for r in again["rounds"]] == \
         [r["server_test_acc"] for r in recorded["rounds"]]
@@ -43,6 +44,7 @@ def test_a_rerun_on_the_same_device_reproduces_its_record(tmp_path, tiny_data_di
     (["fedgo-a0.5-s0"], "not cells of"),
     (["fedavg-a0.5-s0", "--config", "alpha=-1"], "alpha"),
     (["fedavg-a0.5-s0"], "no recorded run"),
+    (["fedavg-a0.5-s0", "--threads", "0"], "--threads: at least 1, got 0"),
 ])
 def test_bad_requests_stop_before_anything_runs(tmp_path, tiny_data_dir, capsys, args, needle):
     plan = tiny_plan(tmp_path, tiny_data_dir)
