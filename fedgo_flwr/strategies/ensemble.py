@@ -174,7 +174,7 @@ class EnsembleDistillation(ServerUpdateFedAvg):
         log(INFO, "round %d: %d teachers pseudo-labelled %d images (%.1fs); distilled, KL "
             "%.4f (%.1fs)", server_round, len(teachers), len(u), labelling,
             info["distill_loss"], info["seconds"])
-        state = {k: v.detach().clone() for k, v in student.cpu().state_dict().items()}
+        state = student.cpu().state_dict()  # the student is not trained again: no copy
         if self.past_teachers:  # a teacher of the next rounds
             self.past_globals = (self.past_globals + [state])[-self.past_teachers:]
         return ArrayRecord(state), {
