@@ -71,6 +71,8 @@ class EnsembleDistillation(FedAvgStrategy):
         self._grid = None  # the pre-FL stage's, for a generator the clients train (FedGAN)
         # theta_s of the last rounds, oldest first (`past-teachers`, or the diagnostics')
         self.past_globals: list[dict[str, torch.Tensor]] = []
+        # their logits, {(id(state), view or -1 for the test split): (state, images, logits)}
+        self._past_logits: dict[tuple[int, int], tuple] = {}
 
     # --- the generator and the distillation set (FedGO's Table 2)
     def generator(self) -> Generator:
@@ -173,16 +175,33 @@ class EnsembleDistillation(FedAvgStrategy):
         computed."""
         return teacher_logits(nets, x, device=self.setup.device, flip=flip, amp=self.setup.amp)
 
-    def past_teachers(self, server_round: int) -> list[torch.nn.Module]:
+    def past_teachers(self, server_round: int) -> list[dict[str, torch.Tensor]]:
         """Keeps theta_s^{t-1}, the global model this round's clients started from (from
-        round 1's on), and returns the `past-teachers` last ones as models."""
+        round 1's on), and returns the `past-teachers` last ones."""
         cfg = self.cfg
         keep = cfg.past_teachers or (PAST_TEACHERS if cfg.diagnostics else 0)
         if keep and server_round > 1:
             (sent,) = self.globals_of(self._sent_state).values()
             self.past_globals = (self.past_globals + [sent])[-keep:]
+            self._past_logits = {k: hit for k, hit in self._past_logits.items()
+                                 if any(hit[0] is s for s in self.past_globals)}
         last = self.past_globals[max(0, len(self.past_globals) - cfg.past_teachers):]
-        return [self.setup.new_classifier(state=s) for s in last] if cfg.past_teachers else []
+        return last if cfg.past_teachers else []
+
+    def past_logits(self, past: list[dict[str, torch.Tensor]], view: int) -> torch.Tensor:
+        """The past global models' logits [P, N, C] on view `view` of the whole of U (-1: on
+        the test split). A model stays a past teacher for P rounds and does not change: its
+        logits are computed once per view (again only when U is redrawn)."""
+        x = self.setup.test_x if view < 0 else self.u
+        rows = []
+        for state in past:
+            hit = self._past_logits.get((id(state), view))
+            if hit is None or hit[0] is not state or hit[1] is not x:
+                net = self.setup.new_classifier(state=state)
+                hit = (state, x, self.logits_of([net], x, flip=view == 1)[0])
+                self._past_logits[(id(state), view)] = hit
+            rows.append(hit[2])
+        return torch.stack(rows)
 
     # --- the shared distillation protocol
     def server_lr(self, server_round: int) -> float:
@@ -253,7 +272,7 @@ class EnsembleDistillation(FedAvgStrategy):
         n_k = torch.tensor([m.num_examples for m in models], dtype=torch.float32)
         client_rule = self.round_weighting(models)
         mixed = self.heterogeneous  # no server-held teacher, diagnostics or guard
-        past: list[torch.nn.Module] = []
+        past: list[dict[str, torch.Tensor]] = []
         if not mixed:
             (single,) = averaged.values()
             average = self.setup.new_classifier(state=single)
@@ -274,7 +293,7 @@ class EnsembleDistillation(FedAvgStrategy):
             logits, log_odds = self.view_scores(models, nets, v, samples)
             rows = [logits]
             if past:
-                rows.append(self.logits_of(past, u[samples], flip=v == 1))
+                rows.append(self.past_logits(past, v)[:, samples])
             if member or cfg.teacher_floor:  # last row(s): the teacher, then the floor
                 own = self.logits_of([average], u[samples], flip=v == 1)
                 rows += [own] * (member + cfg.teacher_floor)
@@ -323,7 +342,7 @@ class EnsembleDistillation(FedAvgStrategy):
                        nets: list[torch.nn.Module], n_k: torch.Tensor, weighting: WeightRule,
                        client_rule: WeightRule,
                        averaged: tuple[dict[str, torch.Tensor], torch.nn.Module] | None,
-                       past: list[torch.nn.Module]) -> None:
+                       past: list[dict[str, torch.Tensor]]) -> None:
         """The weighted ensemble's test accuracy and loss (`ensemble-test`), and with
         `diagnostics` every rule on the same teachers; `averaged`: the round's averaged
         state and model (None in a mixed federation), `past`: its past global models."""
@@ -333,7 +352,7 @@ class EnsembleDistillation(FedAvgStrategy):
         test_logits, log_odds = self.test_scores(models, nets)
         average_logits = (self.logits_of([averaged[1]], self.setup.test_x)
                           if member or cfg.teacher_floor or cfg.diagnostics else None)
-        past_logits = self.logits_of(past, self.setup.test_x) if past else None
+        past_logits = self.past_logits(past, -1) if past else None
         teachers = torch.cat([test_logits] + [past_logits] * bool(past)
                              + [average_logits] * member)
         weights = weighting(teachers, log_odds, n_k)
@@ -354,8 +373,7 @@ class EnsembleDistillation(FedAvgStrategy):
                 capped=not cfg.calibrated_odds)
             # the options that keep a lead, each as it would act alone on these models
             if not past and self.past_globals:  # the diagnostics' own past teachers
-                past_logits = self.logits_of([self.setup.new_classifier(state=s)
-                                              for s in self.past_globals], self.setup.test_x)
+                past_logits = self.past_logits(self.past_globals, -1)
             with_past = None
             if past_logits is not None:
                 members = torch.cat([test_logits, past_logits])
