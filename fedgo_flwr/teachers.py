@@ -84,3 +84,36 @@ def teacher_logits(nets: list[nn.Module], x: torch.Tensor, *, device: torch.devi
         return out
     with server_autocast(device, amp):
         return torch.stack([predict_logits(net, x, device=device, flip=flip) for net in nets])
+
+
+class PastTeachers:
+    """theta_s of the last rounds, oldest first (`past-teachers`), and their logits. A past
+    global model does not change while it stays a teacher, so its logits on a set of images
+    (one view) are computed once, when first asked for, and kept until it leaves."""
+
+    def __init__(self, keep: int):
+        self.keep = keep
+        self.states: list[dict[str, torch.Tensor]] = []
+        self._logits: dict[tuple[int, int, bool], tuple] = {}
+
+    def add(self, state: dict[str, torch.Tensor]) -> None:
+        self.states = (self.states + [state])[-self.keep:]
+        self._logits = {k: hit for k, hit in self._logits.items()
+                        if any(hit[0] is s for s in self.states)}
+
+    def last(self, count: int) -> list[dict[str, torch.Tensor]]:
+        return self.states[max(0, len(self.states) - count):] if count else []
+
+    def logits(self, states: list[dict[str, torch.Tensor]], x: torch.Tensor, load, *,
+               device: torch.device, flip: bool = False, amp: bool = False) -> torch.Tensor:
+        """f(x; theta) of these past models, [P, N, C] (`load`: a state to its model)."""
+        rows = []
+        for state in states:
+            key = (id(state), id(x), flip)
+            hit = self._logits.get(key)
+            if hit is None or hit[0] is not state or hit[1] is not x:
+                hit = (state, x, teacher_logits([load(state)], x, device=device, flip=flip,
+                                                amp=amp)[0])
+                self._logits[key] = hit
+            rows.append(hit[2])
+        return torch.stack(rows)

@@ -248,34 +248,33 @@ def test_past_global_models_as_teachers_are_what_the_diagnostics_score(tiny_conf
 def test_past_teachers_label_u_once_per_model_and_view_as_recomputing_would(tiny_config,
                                                                              monkeypatch):
     """A past global model does not change while it stays a teacher: its logits on each view
-    of U (and on the test split) are computed once, and the run is the one that computes
-    them every round."""
-    from fedgo_app.strategies.ensemble import EnsembleDistillation
+    of U and on the test split are computed once, and the run is the one that computes them
+    every round."""
+    from fedgo_flwr import teachers
     cfg = tiny_config.replace(past_teachers=2, num_server_rounds=4)
     calls = []
-    logits_of = EnsembleDistillation.logits_of
+    forward = teachers.teacher_logits
 
-    def counted(self, nets, x, flip=False):
-        calls.append((len(nets), len(x), x is self.u))
-        return logits_of(self, nets, x, flip)
+    def counted(nets, x, **kwargs):
+        calls.append(len(nets))
+        return forward(nets, x, **kwargs)
 
-    monkeypatch.setattr(EnsembleDistillation, "logits_of", counted)
+    monkeypatch.setattr(teachers, "teacher_logits", counted)  # PastTeachers' forwards
     cached = _run(cfg)[0]["rounds"]
-    on_u = [c for c in calls if c[2]]
-    views = 2 if cfg.flip else 1
-    # theta_s of rounds 1, 2 and 3, each on every view of the whole of U once
-    assert all(n == 1 for n, _, _ in on_u) and len(on_u) == 3 * views
-    past_logits = EnsembleDistillation.past_logits
+    sets = (2 if cfg.flip else 1) + 1  # U's views and the test split
+    # theta_s of rounds 1, 2 and 3 (round 2 has one past teacher, rounds 3 and 4 two)
+    assert calls == [1] * 3 * sets
+    logits = teachers.PastTeachers.logits
 
-    def recomputed(self, past, view):
-        self._past_logits.clear()
-        return past_logits(self, past, view)
+    def recomputed(self, *args, **kwargs):
+        self._logits.clear()
+        return logits(self, *args, **kwargs)
 
-    monkeypatch.setattr(EnsembleDistillation, "past_logits", recomputed)
+    monkeypatch.setattr(teachers.PastTeachers, "logits", recomputed)
     calls.clear()
     again = _run(cfg.replace(run_name="recomputed"))[0]["rounds"]
-    assert len([c for c in calls if c[2]]) == (1 + 2 + 2) * views
-    for a, b in zip(cached[1:], again[1:]):
+    assert len(calls) == (1 + 2 + 2) * sets
+    for a, b in zip(cached[1:], again[1:], strict=True):
         assert a["server_test_acc"] == pytest.approx(b["server_test_acc"], abs=1e-6)
         assert a["ensemble_test_loss"] == pytest.approx(b["ensemble_test_loss"], abs=1e-5)
 

@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from fedgo_flwr.models import Discriminator, create_classifier
-from fedgo_flwr.teachers import teacher_logits
+from fedgo_flwr.teachers import PastTeachers, teacher_logits
 from fedgo_flwr.train import predict_logits
 from fedgo_flwr.weighting import odds_weights
 from fedgo_lab.perf import cached_distill, max_difference, naive_distill
@@ -57,6 +57,37 @@ def test_stacked_teachers_of_mixed_architectures_stack_per_architecture():
 def test_teacher_logits_needs_a_model():
     with pytest.raises(ValueError, match="at least one model"):
         teacher_logits([], torch.zeros(1, 1, 28, 28, dtype=torch.uint8), device=CPU)
+
+
+def test_past_teachers_keep_the_last_models_and_compute_their_logits_once():
+    """`past-teachers`: the last `keep` states, oldest first; a model's logits on a set of
+    images and view are what teacher_logits gives, computed once, again for other images."""
+    torch.manual_seed(0)
+    states = [create_classifier("cnn", 1, 10, 28).state_dict() for _ in range(3)]
+    loaded = []
+
+    def load(state):
+        loaded.append(state)
+        net = create_classifier("cnn", 1, 10, 28)
+        net.load_state_dict(state)
+        return net
+
+    past, cpu = PastTeachers(keep=2), torch.device("cpu")
+    for state in states:
+        past.add(state)
+    assert past.states == states[1:] and past.last(1) == states[2:] and past.last(0) == []
+    x = torch.randn(6, 1, 28, 28)
+    first = past.logits(past.states, x, load, device=cpu, flip=True)
+    expected = teacher_logits([load(s) for s in states[1:]], x, device=cpu, flip=True)
+    assert torch.allclose(first, expected, atol=1e-6) and first.shape == (2, 6, 10)
+    loaded.clear()
+    assert torch.equal(past.logits(past.states, x, load, device=cpu, flip=True), first)
+    assert loaded == []  # kept
+    past.logits(past.states[1:], x, load, device=cpu)  # the other view
+    past.logits(past.states[1:], x.clone(), load, device=cpu)  # other images
+    assert len(loaded) == 2
+    past.add(states[0])  # states[1] leaves, and its logits with it
+    assert all(hit[0] is not states[1] for hit in past._logits.values())
 
 
 @pytest.mark.parametrize("epochs", [1, 2])

@@ -39,7 +39,7 @@ from fedgo_app.server.replies import payload_bytes, scores_problem
 from fedgo_app.strategies.base import (CLIENT, EVALUATE_CANDIDATES, ClientModel,
                                         FedAvgStrategy, ServerSetup)
 from fedgo_app.strategies.fedgan import TRAIN_FEDGAN, fedgan_generator, fedgan_update
-from fedgo_flwr.teachers import teacher_logits
+from fedgo_flwr.teachers import PastTeachers, teacher_logits
 from fedgo_flwr.train import accuracy_and_loss
 from fedgo_flwr.weighting import WeightRule, past_member_shares, with_members
 
@@ -69,10 +69,9 @@ class EnsembleDistillation(FedAvgStrategy):
         self.u = setup.u  # the distillation set (DaFKD generates a new one every round)
         self._generator: Generator | None = None
         self._grid = None  # the pre-FL stage's, for a generator the clients train (FedGAN)
-        # theta_s of the last rounds, oldest first (`past-teachers`, or the diagnostics')
-        self.past_globals: list[dict[str, torch.Tensor]] = []
-        # their logits, {(id(state), view or -1 for the test split): (state, images, logits)}
-        self._past_logits: dict[tuple[int, int], tuple] = {}
+        # theta_s of the last rounds (`past-teachers`, or the diagnostics')
+        self.past = PastTeachers(self.cfg.past_teachers
+                                 or (PAST_TEACHERS if self.cfg.diagnostics else 0))
 
     # --- the generator and the distillation set (FedGO's Table 2)
     def generator(self) -> Generator:
@@ -115,8 +114,8 @@ class EnsembleDistillation(FedAvgStrategy):
     # stage that drew it; with redraws, so does G (FedGAN's would need the clients again).
     def state_dict(self) -> dict:
         state = super().state_dict()
-        if self.past_globals:
-            state["past_globals"] = self.past_globals
+        if self.past.states:
+            state["past_globals"] = self.past.states
         if self.generated_set:
             state["distillation_set"] = self.u
         if self.generated_set and self.cfg.redraw_distill_set:
@@ -128,7 +127,7 @@ class EnsembleDistillation(FedAvgStrategy):
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
-        self.past_globals = state.get("past_globals", [])
+        self.past.states = state.get("past_globals", [])
         if "distillation_set" in state:
             self.u = state["distillation_set"]
         if "distillation_generator" in state:
@@ -178,30 +177,16 @@ class EnsembleDistillation(FedAvgStrategy):
     def past_teachers(self, server_round: int) -> list[dict[str, torch.Tensor]]:
         """Keeps theta_s^{t-1}, the global model this round's clients started from (from
         round 1's on), and returns the `past-teachers` last ones."""
-        cfg = self.cfg
-        keep = cfg.past_teachers or (PAST_TEACHERS if cfg.diagnostics else 0)
-        if keep and server_round > 1:
+        if self.past.keep and server_round > 1:
             (sent,) = self.globals_of(self._sent_state).values()
-            self.past_globals = (self.past_globals + [sent])[-keep:]
-            self._past_logits = {k: hit for k, hit in self._past_logits.items()
-                                 if any(hit[0] is s for s in self.past_globals)}
-        last = self.past_globals[max(0, len(self.past_globals) - cfg.past_teachers):]
-        return last if cfg.past_teachers else []
+            self.past.add(sent)
+        return self.past.last(self.cfg.past_teachers)
 
-    def past_logits(self, past: list[dict[str, torch.Tensor]], view: int) -> torch.Tensor:
-        """The past global models' logits [P, N, C] on view `view` of the whole of U (-1: on
-        the test split). A model stays a past teacher for P rounds and does not change: its
-        logits are computed once per view (again only when U is redrawn)."""
-        x = self.setup.test_x if view < 0 else self.u
-        rows = []
-        for state in past:
-            hit = self._past_logits.get((id(state), view))
-            if hit is None or hit[0] is not state or hit[1] is not x:
-                net = self.setup.new_classifier(state=state)
-                hit = (state, x, self.logits_of([net], x, flip=view == 1)[0])
-                self._past_logits[(id(state), view)] = hit
-            rows.append(hit[2])
-        return torch.stack(rows)
+    def past_logits(self, past: list[dict[str, torch.Tensor]], x: torch.Tensor,
+                    flip: bool = False) -> torch.Tensor:
+        """The past global models' logits on images x, [P, N, C] (computed once a model)."""
+        return self.past.logits(past, x, lambda s: self.setup.new_classifier(state=s),
+                                device=self.setup.device, flip=flip, amp=self.setup.amp)
 
     # --- the shared distillation protocol
     def server_lr(self, server_round: int) -> float:
@@ -293,7 +278,7 @@ class EnsembleDistillation(FedAvgStrategy):
             logits, log_odds = self.view_scores(models, nets, v, samples)
             rows = [logits]
             if past:
-                rows.append(self.past_logits(past, v)[:, samples])
+                rows.append(self.past_logits(past, u, flip=v == 1)[:, samples])
             if member or cfg.teacher_floor:  # last row(s): the teacher, then the floor
                 own = self.logits_of([average], u[samples], flip=v == 1)
                 rows += [own] * (member + cfg.teacher_floor)
@@ -352,7 +337,7 @@ class EnsembleDistillation(FedAvgStrategy):
         test_logits, log_odds = self.test_scores(models, nets)
         average_logits = (self.logits_of([averaged[1]], self.setup.test_x)
                           if member or cfg.teacher_floor or cfg.diagnostics else None)
-        past_logits = self.past_logits(past, -1) if past else None
+        past_logits = self.past_logits(past, self.setup.test_x) if past else None
         teachers = torch.cat([test_logits] + [past_logits] * bool(past)
                              + [average_logits] * member)
         weights = weighting(teachers, log_odds, n_k)
@@ -372,8 +357,8 @@ class EnsembleDistillation(FedAvgStrategy):
                 averaged_logits=average_logits[0],
                 capped=not cfg.calibrated_odds)
             # the options that keep a lead, each as it would act alone on these models
-            if not past and self.past_globals:  # the diagnostics' own past teachers
-                past_logits = self.past_logits(self.past_globals, -1)
+            if not past and self.past.states:  # the diagnostics' own past teachers
+                past_logits = self.past_logits(self.past.states, self.setup.test_x)
             with_past = None
             if past_logits is not None:
                 members = torch.cat([test_logits, past_logits])

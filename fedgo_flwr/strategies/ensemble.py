@@ -26,7 +26,7 @@ from fedgo_flwr.distill import (DISTILL_BUDGETS, ENSEMBLE_SPACES, VIEW_DRAWS, bu
 from fedgo_flwr.inputs import images_of
 from fedgo_flwr.seeds import round_seed
 from fedgo_flwr.strategies.base import ClientModel, ServerUpdateFedAvg
-from fedgo_flwr.teachers import teacher_logits
+from fedgo_flwr.teachers import PastTeachers, teacher_logits
 from fedgo_flwr.train import OPTIMIZERS
 from fedgo_flwr.weighting import WeightRule, past_member_shares, with_members
 
@@ -114,7 +114,7 @@ class EnsembleDistillation(ServerUpdateFedAvg):
         self.view_draw, self.teacher_floor = view_draw, teacher_floor
         self.confidence_threshold, self.distill_budget = confidence_threshold, distill_budget
         self.past_teachers = past_teachers
-        self.past_globals: list[dict[str, torch.Tensor]] = []  # theta_s, oldest first
+        self.past = PastTeachers(past_teachers)  # theta_s of the last rounds
 
     def summary(self) -> None:
         super().summary()
@@ -140,7 +140,7 @@ class EnsembleDistillation(ServerUpdateFedAvg):
                                seed=round_seed(self.seed, server_round),
                                view_draw=self.view_draw)
         student, lr = self.load(averaged.to_torch_state_dict()), self.server_lr(server_round)
-        past = [self.load(s) for s in self.past_globals]
+        past = self.past.last(self.past_teachers)
         weighting = (with_members(self.weighting, past_member_shares(len(teachers), len(past)))
                      if past else self.weighting)
 
@@ -148,11 +148,13 @@ class EnsembleDistillation(ServerUpdateFedAvg):
             logits, log_odds = self.scores(teachers, nets, u, samples, v)
             # the past global models next (members), the average's own logits last (the
             # floor, not a teacher)
-            own = past + [student] * self.teacher_floor
-            if own:
+            amp = self.device.type == "cuda"
+            if past:
+                logits = torch.cat([logits, self.past.logits(
+                    past, u, self.load, device=self.device, flip=v == 1, amp=amp)[:, samples]])
+            if self.teacher_floor:
                 logits = torch.cat([logits, teacher_logits(
-                    own, u[samples], device=self.device, flip=v == 1,
-                    amp=self.device.type == "cuda")])
+                    [student], u[samples], device=self.device, flip=v == 1, amp=amp)])
             return logits, log_odds
 
         start = time.perf_counter()
@@ -176,7 +178,7 @@ class EnsembleDistillation(ServerUpdateFedAvg):
             info["distill_loss"], info["seconds"])
         state = student.cpu().state_dict()  # the student is not trained again: no copy
         if self.past_teachers:  # a teacher of the next rounds
-            self.past_globals = (self.past_globals + [state])[-self.past_teachers:]
+            self.past.add(state)
         return ArrayRecord(state), {
             "distill-loss": info["distill_loss"], "distill-lr": lr,
             "distill-teachers": len(teachers), "pseudo-label-seconds": labelling,
