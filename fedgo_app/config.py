@@ -277,7 +277,14 @@ class Config:
                               "is the share of the images it meets where the averaged model's "
                               "class is not the pseudo-label's, so distillation fades as the "
                               "ensemble and the server model agree; reads no label; not in the "
-                              "papers)", OneOf(DISTILL_BUDGETS), ("distillation",))
+                              "papers; it cuts the steps before confidence-threshold drops "
+                              "images)", OneOf(DISTILL_BUDGETS), ("distillation",))
+    budget_probe: int = key(0, "with distill-budget = disagreement: measure the disagreement on "
+                            "the distillation's first this many images (whole minibatches) "
+                            "and pseudo-label only the steps the budget keeps, not every image "
+                            "the full distillation would meet; 0 = measure it on all of them "
+                            "(they are all labelled); not in the papers", NON_NEGATIVE,
+                            ("distillation",))
     view_draw: str = key("per-pass", "with flip: each image's view (as is or mirrored) in the "
                          "distillation's minibatches, drawn anew in every pass (per-pass, up to "
                          "both views labelled a round) or once a round (per-round: the teachers "
@@ -441,6 +448,11 @@ class Config:
         if self.distill_set == "generated" and self.distill_size == 0:
             raise ConfigError("run-config key 'distill-set' is 'generated' and 'distill-size' "
                               "is 0 (all of U): say how many images to draw from G")
+        if self.budget_probe and self.distill_budget != "disagreement":
+            raise ConfigError(f"run-config key 'budget-probe' is {self.budget_probe} and "
+                              f"'distill-budget' is {self.distill_budget!r}: a probe measures "
+                              "the disagreement budget; set distill-budget = \"disagreement\" "
+                              "or budget-probe = 0")
         if self.discriminator_calibration != "none" and self.weighting == "odds-unsquashed":
             raise ConfigError("run-config key 'weighting' is 'odds-unsquashed', which recovers "
                               "D_k's logit from the paper's capped odds; with "

@@ -61,7 +61,8 @@ def pseudo_labels(client_logits: torch.Tensor, weights: torch.Tensor,
 
 def view_pseudo_labels(scores_of_view, num_u: int, n_k: torch.Tensor, rule,
                        batches: list[torch.Tensor], *, views: int, space: str = "logits",
-                       floor: bool = False) -> torch.Tensor:
+                       floor: bool = False, targets: torch.Tensor | None = None
+                       ) -> torch.Tensor | None:
     """Pseudo-labels [V, |U|, C] of the views of U (0 as is, 1 mirrored) that the round's
     distillation `batches` meet (see draw_batches); the rest stay NaN. The teachers run once
     per round on those images only: scores_of_view(v, samples) gives their logits [K, S, C]
@@ -69,10 +70,13 @@ def view_pseudo_labels(scores_of_view, num_u: int, n_k: torch.Tensor, rule,
     pass over U each image meets one random view, so labelling only what is met halves the
     work against labelling both views. With `floor` the logits' last row is the server
     model's, not a teacher: where it is surer than the ensemble it keeps its own label
-    (see floored)."""
+    (see floored). Given an earlier call's `targets`, only what they lack is labelled, in
+    place (the teachers' labels do not depend on when they are computed)."""
     met = torch.zeros(views * num_u, dtype=torch.bool)
-    met[torch.cat(batches)] = True
-    targets = None
+    if batches:
+        met[torch.cat(batches)] = True
+    if targets is not None:
+        met &= targets[..., 0].isnan().flatten()
     for v, samples in enumerate(met.view(views, num_u)):
         samples = samples.nonzero().squeeze(1)
         if len(samples) == 0:
@@ -128,6 +132,29 @@ def budgeted(batches: list[torch.Tensor], share: float) -> list[torch.Tensor]:
     """The first ceil(share x steps) of the distillation's batches (draw_batches), so the
     distillation takes that share of its steps; its order and views are kept."""
     return batches[:math.ceil(share * len(batches))]
+
+
+def probe_batches(batches: list[torch.Tensor], images: int) -> list[torch.Tensor]:
+    """The distillation's first batches that hold at least `images` images (all: 0)."""
+    if images <= 0:
+        return batches
+    sizes = torch.tensor([len(b) for b in batches]).cumsum(0)
+    return batches[:int((sizes < images).sum()) + 1]
+
+
+def budgeted_pseudo_labels(label, share_of, batches: list[torch.Tensor], *, probe: int = 0
+                           ) -> tuple[torch.Tensor, list[torch.Tensor], float]:
+    """The disagreement budget's labelling: the teachers label the images of the first `probe`
+    (probe_batches), share_of(their targets) is the share of the steps to take (disagreement),
+    and they label only what those steps meet beyond the probe. probe = 0 measures the share
+    on every image the full distillation meets, so all of them are labelled; a probe smaller
+    than the steps the budget keeps saves the teachers' forwards the budget drops.
+    label(batches, targets) is view_pseudo_labels of those batches, filling `targets`.
+    Returns the targets, the budgeted batches and the share."""
+    targets = label(probe_batches(batches, probe), None)
+    share = share_of(targets)
+    batches = budgeted(batches, share)
+    return label(batches, targets), batches, share
 
 
 def kl_to_targets(student_logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

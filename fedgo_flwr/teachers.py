@@ -88,8 +88,8 @@ def teacher_logits(nets: list[nn.Module], x: torch.Tensor, *, device: torch.devi
 
 class PastTeachers:
     """theta_s of the last rounds, oldest first (`past-teachers`), and their logits. A past
-    global model does not change while it stays a teacher, so its logits on a set of images
-    (one view) are computed once, when first asked for, and kept until it leaves."""
+    global model does not change while it stays a teacher, so its logits on an image (one
+    view) are computed once, when first asked for, and kept until it leaves."""
 
     def __init__(self, keep: int):
         self.keep = keep
@@ -105,16 +105,25 @@ class PastTeachers:
         return self.states[max(0, len(self.states) - count):] if count else []
 
     def logits(self, states: list[dict[str, torch.Tensor]], x: torch.Tensor, load, *,
-               device: torch.device, flip: bool = False, amp: bool = False) -> torch.Tensor:
-        """f(x; theta) of these past models, [P, N, C] (`load`: a state to its model)."""
+               samples: torch.Tensor | None = None, device: torch.device, flip: bool = False,
+               amp: bool = False) -> torch.Tensor:
+        """f(x[samples]; theta) of these past models, [P, S, C] (all of x: samples None;
+        `load`: a state to its model). Only the images not met before are forwarded."""
+        idx = torch.arange(len(x)) if samples is None else samples
         rows = []
         for state in states:
             # an entry holds its state and images, so their ids stay theirs while it lives
             key = (id(state), id(x), flip)
-            hit = self._logits.get(key)
-            if hit is None:
-                hit = (state, x, teacher_logits([load(state)], x, device=device, flip=flip,
-                                                amp=amp)[0])
-                self._logits[key] = hit
-            rows.append(hit[2])
+            if key not in self._logits:
+                self._logits[key] = (state, x, None)
+            cached = self._logits[key][2]
+            missing = idx if cached is None else idx[cached[idx, 0].isnan()]
+            if len(missing):
+                out = teacher_logits([load(state)], x[missing], device=device, flip=flip,
+                                     amp=amp)[0]
+                if cached is None:
+                    cached = torch.full((len(x), out.shape[-1]), float("nan"))
+                    self._logits[key] = (state, x, cached)
+                cached[missing] = out
+            rows.append(cached[idx])
         return torch.stack(rows)

@@ -4,7 +4,8 @@ import torch
 
 import pytest
 
-from fedgo_flwr.distill import (budgeted, confident_batches, cosine_lr, disagreement, distill,
+from fedgo_flwr.distill import (budgeted, budgeted_pseudo_labels, confident_batches, cosine_lr,
+                                disagreement, distill, probe_batches,
                                 draw_batches, ensemble_log_probs, floored, kl_to_targets,
                                 pseudo_labels, view_pseudo_labels)
 from fedgo_flwr.models import CNN
@@ -155,6 +156,46 @@ def test_only_the_views_the_batches_meet_are_labelled_and_those_exactly():
         logits = torch.stack([net(view_x) for net in nets]).detach()
         full = pseudo_labels(logits, odds_weights(logits, log_odds[v], n_k))
         torch.testing.assert_close(targets[v][labelled[v]], full[labelled[v]])
+
+
+def test_a_budget_probe_labels_the_probe_and_the_kept_steps_only_and_those_exactly():
+    """budgeted_pseudo_labels: the share is measured on the probe's images; the teachers then
+    label what the kept steps meet beyond it, each entry as labelling everything would; with
+    no probe the share is the one over every met view (the budget without a probe)."""
+    torch.manual_seed(0)
+    nets = [torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 3)) for _ in range(2)]
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 3))
+    u = torch.randint(0, 256, (40, 1, 4, 4), dtype=torch.uint8)
+    n_k, log_odds = torch.tensor([1.0, 3.0]), torch.randn(2, 2, 40)
+    batches = draw_batches(40, 2, epochs=3, batch_size=8, seed=1)  # 15 steps
+    calls = []
+
+    def label(some, targets):
+        calls.append(sum(len(b) for b in some))
+        return view_pseudo_labels(
+            lambda v, s: (teacher_logits(nets, u[s], device=torch.device("cpu"), flip=v == 1),
+                          log_odds[v][:, s]), 40, n_k, odds_weights, some, views=2,
+            targets=targets)
+
+    def share_of(targets):
+        return disagreement(model, u, targets, device=torch.device("cpu"))
+
+    everything = label(batches, None)
+    assert probe_batches(batches, 0) == batches and len(probe_batches(batches, 17)) == 3
+    full, kept, share = budgeted_pseudo_labels(label, share_of, batches)
+    assert share == share_of(everything) and kept == budgeted(batches, share)
+    torch.testing.assert_close(full, everything, equal_nan=True)
+
+    calls.clear()
+    targets, kept, share = budgeted_pseudo_labels(label, share_of, batches, probe=16)
+    probe_share = share_of(label(batches[:2], None))
+    assert share == probe_share and kept == budgeted(batches, probe_share)
+    labelled = ~targets.isnan().any(-1).flatten()
+    assert labelled.nonzero().squeeze(1).tolist() == torch.cat(batches[:max(2, len(kept))]
+                                                               ).unique().tolist()
+    assert labelled.sum() < (~everything.isnan().any(-1)).sum()  # fewer forwards
+    torch.testing.assert_close(targets.flatten(0, 1)[labelled],
+                               everything.flatten(0, 1)[labelled])
 
 
 def test_the_optimizer_key_chooses_adam_or_sgd_with_momentum():

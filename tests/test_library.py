@@ -257,6 +257,12 @@ def test_the_lasting_options_reach_the_librarys_distillation():
     metrics = result.train_metrics_clientapp[1]
     assert 0 <= metrics["disagreement"] <= 1
     assert metrics["distill-kept"] <= metrics["disagreement"] + 1 / len(U)
+    probe = FedDF(unlabeled_data=U, model_fn=UserNet, distill_budget="disagreement",
+                  budget_probe=SMALL["distill_batch_size"], **SMALL)  # the first step's images
+    _, result = run(probe, rounds=1)
+    assert 0 <= result.train_metrics_clientapp[1]["disagreement"] <= 1
+    with pytest.raises(ValueError, match="budget_probe is 64; allowed: >= 0, and 0 unless"):
+        FedDF(unlabeled_data=U, model_fn=UserNet, budget_probe=64)
     past = FedDF(unlabeled_data=U, model_fn=UserNet, past_teachers=2, **SMALL)
     _, result = run(past, rounds=3)
     assert [result.train_metrics_clientapp[t]["past-teachers"] for t in (1, 2, 3)] == [0, 1, 2]

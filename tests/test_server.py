@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from client_app.app import app as client_app
+from fedgo_app.config import ConfigError
 from fedgo_lab.inprocess import InProcessGrid
 from server_app.app import run
 
@@ -226,6 +227,20 @@ def test_the_disagreement_budget_takes_the_share_of_steps_the_diagnostics_measur
     assert budget["distill_steps"] == math.ceil(paper["disagreement"] * paper["distill_steps"])
     assert budget["distill_steps"] < paper["distill_steps"]
     assert budget["ensemble_test_acc"] == paper["ensemble_test_acc"]  # the same teacher
+    # a probe of every image is the budget without one; a probe of one minibatch measures
+    # the share there and labels only the steps it keeps
+    whole = _run(base.replace(distill_budget="disagreement", budget_probe=10**6,
+                              run_name="whole"))[0]["rounds"][1]
+    assert [whole[k] for k in ("disagreement", "distill_steps", "distill_loss",
+                               "server_test_acc")] == [
+        budget[k] for k in ("disagreement", "distill_steps", "distill_loss", "server_test_acc")]
+    probe = _run(base.replace(distill_budget="disagreement", budget_probe=1,
+                              run_name="probe"))[0]["rounds"][1]
+    assert probe["clients"] == paper["clients"]
+    assert probe["distill_steps"] == math.ceil(probe["disagreement"] * paper["distill_steps"])
+    assert probe["ensemble_test_acc"] == paper["ensemble_test_acc"]
+    with pytest.raises(ConfigError, match="'budget-probe' is 64 and 'distill-budget' is 'full'"):
+        base.replace(budget_probe=64).validate()
 
 
 def test_past_global_models_as_teachers_are_what_the_diagnostics_score(tiny_config):
@@ -247,23 +262,26 @@ def test_past_global_models_as_teachers_are_what_the_diagnostics_score(tiny_conf
 
 def test_past_teachers_label_u_once_per_model_and_view_as_recomputing_would(tiny_config,
                                                                              monkeypatch):
-    """A past global model does not change while it stays a teacher: its logits on each view
-    of U and on the test split are computed once, and the run is the one that computes them
-    every round."""
+    """A past global model does not change while it stays a teacher: its logits on an image
+    of U (each view) or of the test split are computed once, when first needed, and the run
+    is the one that computes them every round."""
     from fedgo_flwr import teachers
     cfg = tiny_config.replace(past_teachers=2, num_server_rounds=4)
-    calls = []
-    forward = teachers.teacher_logits
+    forward, weights = teachers.teacher_logits, torch.rand(4096, dtype=torch.float64)
+    seen, repeats = set(), []
 
-    def counted(nets, x, **kwargs):
-        calls.append(len(nets))
+    def counted(nets, x, **kwargs):  # PastTeachers' forwards, by model, view and image
+        assert len(nets) == 1
+        model = sum(p.double().sum().item() for p in nets[0].parameters())
+        for image in (x.flatten(1).double() @ weights[:x[0].numel()]).tolist():
+            key = (model, kwargs.get("flip", False), image)
+            repeats.append(key) if key in seen else seen.add(key)
         return forward(nets, x, **kwargs)
 
-    monkeypatch.setattr(teachers, "teacher_logits", counted)  # PastTeachers' forwards
+    monkeypatch.setattr(teachers, "teacher_logits", counted)
     cached = _run(cfg)[0]["rounds"]
-    sets = (2 if cfg.flip else 1) + 1  # U's views and the test split
     # theta_s of rounds 1, 2 and 3 (round 2 has one past teacher, rounds 3 and 4 two)
-    assert calls == [1] * 3 * sets
+    assert len({model for model, _, _ in seen}) == 3 and repeats == []
     logits = teachers.PastTeachers.logits
 
     def recomputed(self, *args, **kwargs):
@@ -271,9 +289,9 @@ def test_past_teachers_label_u_once_per_model_and_view_as_recomputing_would(tiny
         return logits(self, *args, **kwargs)
 
     monkeypatch.setattr(teachers.PastTeachers, "logits", recomputed)
-    calls.clear()
+    seen.clear()
     again = _run(cfg.replace(run_name="recomputed"))[0]["rounds"]
-    assert len(calls) == (1 + 2 + 2) * sets
+    assert len(repeats) > 0  # rounds 3 and 4 forward round 2's model again
     for a, b in zip(cached[1:], again[1:], strict=True):
         assert a["server_test_acc"] == pytest.approx(b["server_test_acc"], abs=1e-6)
         assert a["ensemble_test_loss"] == pytest.approx(b["ensemble_test_loss"], abs=1e-5)

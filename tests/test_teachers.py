@@ -83,6 +83,16 @@ def test_past_teachers_keep_the_last_models_and_compute_their_logits_once():
     loaded.clear()
     assert torch.equal(past.logits(past.states, x, load, device=cpu, flip=True), first)
     assert loaded == []  # kept
+    some = torch.tensor([4, 1])
+    assert torch.equal(past.logits(past.states, x, load, samples=some, device=cpu, flip=True),
+                       first[:, some]) and loaded == []
+    loaded.clear()
+    y = torch.randn(6, 1, 28, 28)  # met a few at a time: only the new ones are forwarded
+    part = past.logits(past.states[:1], y, load, samples=torch.tensor([0, 2]), device=cpu)
+    whole = past.logits(past.states[:1], y, load, device=cpu)
+    assert torch.allclose(whole, teacher_logits([load(states[1])], y, device=cpu), atol=1e-6)
+    assert torch.equal(whole[:, [0, 2]], part) and len(loaded) == 3
+    loaded.clear()
     past.logits(past.states[1:], x, load, device=cpu)  # the other view
     past.logits(past.states[1:], x.clone(), load, device=cpu)  # other images
     assert len(loaded) == 2

@@ -28,8 +28,9 @@ from flwr.app import ArrayRecord, Message, RecordDict
 from flwr.common.logger import log
 
 from fedgo_flwr.diagnostics import PAST_TEACHERS, ensemble_diagnostics, lasting_diagnostics
-from fedgo_flwr.distill import (budgeted, confident_batches, cosine_lr, disagreement, distill,
-                                draw_batches, ensemble_log_probs, floored, view_pseudo_labels)
+from fedgo_flwr.distill import (budgeted_pseudo_labels, confident_batches, cosine_lr,
+                                disagreement, distill, draw_batches, ensemble_log_probs,
+                                floored, view_pseudo_labels)
 from fedgo_app.generators import generator_arguments, obtain_generator
 from fedgo_flwr.gan import draw_images
 from fedgo_flwr.models import Generator
@@ -183,10 +184,12 @@ class EnsembleDistillation(FedAvgStrategy):
         return self.past.last(self.cfg.past_teachers)
 
     def past_logits(self, past: list[dict[str, torch.Tensor]], x: torch.Tensor,
-                    flip: bool = False) -> torch.Tensor:
-        """The past global models' logits on images x, [P, N, C] (computed once a model)."""
+                    samples: torch.Tensor | None = None, flip: bool = False) -> torch.Tensor:
+        """The past global models' logits on images x[samples] (all: None), [P, S, C]
+        (computed once an image and model)."""
         return self.past.logits(past, x, lambda s: self.setup.new_classifier(state=s),
-                                device=self.setup.device, flip=flip, amp=self.setup.amp)
+                                samples=samples, device=self.setup.device, flip=flip,
+                                amp=self.setup.amp)
 
     # --- the shared distillation protocol
     def server_lr(self, server_round: int) -> float:
@@ -278,29 +281,36 @@ class EnsembleDistillation(FedAvgStrategy):
             logits, log_odds = self.view_scores(models, nets, v, samples)
             rows = [logits]
             if past:
-                rows.append(self.past_logits(past, u, flip=v == 1)[:, samples])
+                rows.append(self.past_logits(past, u, samples, flip=v == 1))
             if member or cfg.teacher_floor:  # last row(s): the teacher, then the floor
                 own = self.logits_of([average], u[samples], flip=v == 1)
                 rows += [own] * (member + cfg.teacher_floor)
             return torch.cat(rows), log_odds
 
+        def label(batches: list[torch.Tensor], targets: torch.Tensor | None) -> torch.Tensor:
+            return view_pseudo_labels(  # once per round, not once per epoch
+                view_scores, len(u), n_k, weighting, batches, views=self.views,
+                space=cfg.ensemble_space, floor=cfg.teacher_floor, targets=targets)
+
+        def share_of(targets: torch.Tensor) -> float:
+            return disagreement(average, u, targets, device=self.setup.device,
+                                amp=self.setup.amp)
+
         if batches:
             start = time.perf_counter()
-            targets = view_pseudo_labels(  # once per round, not once per epoch
-                view_scores, len(u), n_k, weighting, batches, views=self.views,
-                space=cfg.ensemble_space, floor=cfg.teacher_floor)
+            if cfg.distill_budget == "disagreement":  # the share of its steps it takes
+                targets, batches, entry["disagreement"] = budgeted_pseudo_labels(
+                    label, share_of, batches, probe=cfg.budget_probe)
+            else:
+                targets = label(batches, None)
+                if cfg.diagnostics and not mixed:  # the share the budget would take
+                    entry["disagreement"] = share_of(targets)
             seconds = time.perf_counter() - start
             self.record.time("pseudo_labelling", seconds, server_round)
             if cfg.confidence_threshold > 0:
                 met = sum(len(b) for b in batches)
                 batches = confident_batches(batches, targets, cfg.confidence_threshold)
-                entry["distill_kept"] = sum(len(b) for b in batches) / met
-            if cfg.distill_budget == "disagreement" or (cfg.diagnostics and not mixed):
-                # the share of its steps the budget takes (the diagnostics: would take)
-                entry["disagreement"] = disagreement(average, u, targets,
-                                                     device=self.setup.device, amp=self.setup.amp)
-            if cfg.distill_budget == "disagreement":
-                batches = budgeted(batches, entry["disagreement"])
+                entry["distill_kept"] = sum(len(b) for b in batches) / max(met, 1)
             log(INFO, "round %d: pseudo-labels of %d teachers on U (%.1fs); distilling, %d "
                 "steps", server_round, len(models), seconds, len(batches))
             for arch, student in students.items():

@@ -20,9 +20,9 @@ from flwr.app import ArrayRecord
 from flwr.common.logger import log
 from torch import nn
 
-from fedgo_flwr.distill import (DISTILL_BUDGETS, ENSEMBLE_SPACES, VIEW_DRAWS, budgeted,
-                                confident_batches, cosine_lr, disagreement, distill,
-                                draw_batches, view_pseudo_labels)
+from fedgo_flwr.distill import (DISTILL_BUDGETS, ENSEMBLE_SPACES, VIEW_DRAWS,
+                                budgeted_pseudo_labels, confident_batches, cosine_lr,
+                                disagreement, distill, draw_batches, view_pseudo_labels)
 from fedgo_flwr.inputs import images_of
 from fedgo_flwr.seeds import round_seed
 from fedgo_flwr.strategies.base import ClientModel, ServerUpdateFedAvg
@@ -72,6 +72,12 @@ class EnsembleDistillation(ServerUpdateFedAvg):
         Not in the papers: "full" takes every step; "disagreement" takes the share of them
         that is the share of the met images where the average's class is not the
         pseudo-label's (fedgo_flwr.distill.disagreement), so distillation fades as they agree.
+        It cuts the steps before `confidence_threshold` drops images.
+    budget_probe : int (default: 0)
+        Not in the papers; with distill_budget "disagreement": measure the disagreement on
+        the distillation's first this many images only and label only the steps the budget
+        keeps (fedgo_flwr.distill.budgeted_pseudo_labels); 0 measures it on every image the
+        full distillation meets, labelling them all.
     past_teachers : int (default: 0)
         Not in the papers: the global models of the last P rounds as more teachers, each
         holding 1/(K + P) of the weight everywhere, K being the round's teachers
@@ -88,7 +94,7 @@ class EnsembleDistillation(ServerUpdateFedAvg):
                  ensemble_space: str = "logits", flip_views: bool = True,
                  view_draw: str = "per-pass", teacher_floor: bool = False,
                  confidence_threshold: float = 0.0, distill_budget: str = "full",
-                 past_teachers: int = 0, **kwargs) -> None:
+                 budget_probe: int = 0, past_teachers: int = 0, **kwargs) -> None:
         super().__init__(model_fn=model_fn, **kwargs)
         for name, value, allowed in (("distill_optimizer", distill_optimizer, OPTIMIZERS),
                                      ("distill_schedule", distill_schedule, SCHEDULES),
@@ -101,6 +107,9 @@ class EnsembleDistillation(ServerUpdateFedAvg):
             raise ValueError(f"confidence_threshold is {confidence_threshold}; allowed: [0, 1)")
         if past_teachers < 0:
             raise ValueError(f"past_teachers is {past_teachers}; allowed: >= 0")
+        if budget_probe < 0 or (budget_probe and distill_budget != "disagreement"):
+            raise ValueError(f"budget_probe is {budget_probe}; allowed: >= 0, and 0 unless "
+                             "distill_budget is 'disagreement'")
         if distill_epochs < 0 or distill_batch_size < 1 or distill_lr <= 0:
             raise ValueError("distill_epochs >= 0, distill_batch_size >= 1 and distill_lr > 0 "
                              f"are needed; got {distill_epochs}, {distill_batch_size}, "
@@ -113,6 +122,7 @@ class EnsembleDistillation(ServerUpdateFedAvg):
         self.ensemble_space, self.views = ensemble_space, 2 if flip_views else 1
         self.view_draw, self.teacher_floor = view_draw, teacher_floor
         self.confidence_threshold, self.distill_budget = confidence_threshold, distill_budget
+        self.budget_probe = budget_probe
         self.past_teachers = past_teachers
         self.past = PastTeachers(past_teachers)  # theta_s of the last rounds
 
@@ -151,25 +161,31 @@ class EnsembleDistillation(ServerUpdateFedAvg):
             amp = self.device.type == "cuda"
             if past:
                 logits = torch.cat([logits, self.past.logits(
-                    past, u, self.load, device=self.device, flip=v == 1, amp=amp)[:, samples]])
+                    past, u, self.load, samples=samples, device=self.device, flip=v == 1,
+                    amp=amp)])
             if self.teacher_floor:
                 logits = torch.cat([logits, teacher_logits(
                     [student], u[samples], device=self.device, flip=v == 1, amp=amp)])
             return logits, log_odds
 
+        def label(batches: list[torch.Tensor], targets: torch.Tensor | None) -> torch.Tensor:
+            return view_pseudo_labels(scores, len(u), n_k, weighting, batches,
+                                      views=self.views, space=self.ensemble_space,
+                                      floor=self.teacher_floor, targets=targets)
+
+        met = sum(len(b) for b in batches)  # distill-kept: the share of them distilled on
         start = time.perf_counter()
-        targets = view_pseudo_labels(scores, len(u), n_k, weighting, batches,
-                                     views=self.views, space=self.ensemble_space,
-                                     floor=self.teacher_floor)
+        metrics = {"past-teachers": len(past)} if self.past_teachers else {}
+        if self.distill_budget == "disagreement":  # the average is the student, undistilled
+            targets, batches, metrics["disagreement"] = budgeted_pseudo_labels(
+                label, lambda t: disagreement(student, u, t, device=self.device,
+                                              amp=self.device.type == "cuda"),
+                batches, probe=self.budget_probe)
+        else:
+            targets = label(batches, None)
         labelling = time.perf_counter() - start
-        met = sum(len(b) for b in batches)
         if self.confidence_threshold > 0:
             batches = confident_batches(batches, targets, self.confidence_threshold)
-        metrics = {"past-teachers": len(past)} if self.past_teachers else {}
-        if self.distill_budget == "disagreement":
-            metrics["disagreement"] = disagreement(student, u, targets, device=self.device,
-                                                   amp=self.device.type == "cuda")
-            batches = budgeted(batches, metrics["disagreement"])
         info = distill(student, u, targets, batches=batches, lr=lr, device=self.device,
                        amp=self.device.type == "cuda", optimizer=self.distill_optimizer,
                        momentum=self.distill_momentum)
