@@ -150,6 +150,7 @@ class EnsembleDistillation(ServerUpdateFedAvg):
                                seed=round_seed(self.seed, server_round),
                                view_draw=self.view_draw)
         student, lr = self.load(averaged.to_torch_state_dict()), self.server_lr(server_round)
+        amp = self.device.type == "cuda"
         past = self.past.last(self.past_teachers)
         weighting = (with_members(self.weighting, past_member_shares(len(teachers), len(past)))
                      if past else self.weighting)
@@ -158,7 +159,6 @@ class EnsembleDistillation(ServerUpdateFedAvg):
             logits, log_odds = self.scores(teachers, nets, u, samples, v)
             # the past global models next (members), the average's own logits last (the
             # floor, not a teacher)
-            amp = self.device.type == "cuda"
             if past:
                 logits = torch.cat([logits, self.past.logits(
                     past, u, self.load, samples=samples, device=self.device, flip=v == 1,
@@ -178,8 +178,7 @@ class EnsembleDistillation(ServerUpdateFedAvg):
         metrics = {"past-teachers": len(past)} if self.past_teachers else {}
         if self.distill_budget == "disagreement":  # the average is the student, undistilled
             targets, batches, metrics["disagreement"] = budgeted_pseudo_labels(
-                label, lambda t: disagreement(student, u, t, device=self.device,
-                                              amp=self.device.type == "cuda"),
+                label, lambda t: disagreement(student, u, t, device=self.device, amp=amp),
                 batches, probe=self.budget_probe)
         else:
             targets = label(batches, None)
@@ -187,7 +186,7 @@ class EnsembleDistillation(ServerUpdateFedAvg):
         if self.confidence_threshold > 0:
             batches = confident_batches(batches, targets, self.confidence_threshold)
         info = distill(student, u, targets, batches=batches, lr=lr, device=self.device,
-                       amp=self.device.type == "cuda", optimizer=self.distill_optimizer,
+                       amp=amp, optimizer=self.distill_optimizer,
                        momentum=self.distill_momentum)
         log(INFO, "round %d: %d teachers pseudo-labelled %d images (%.1fs); distilled, KL "
             "%.4f (%.1fs)", server_round, len(teachers), len(u), labelling,
