@@ -367,3 +367,11 @@ def test_dafkd_client_trains_a_partition_whose_last_minibatch_holds_one_image():
                              gan_lr=1e-3, train_generator=True, flip=False, seed=0,
                              device=torch.device("cpu"))
     assert torch.isfinite(torch.tensor([out["train-loss"], out["generator-loss"]])).all()
+
+
+def test_a_results_row_names_the_options_that_change_what_fedgo_distils():
+    # the budget probe changes which images are labelled and so the run: its rows stay apart
+    config = {"strategy": "fedgo", "distill-budget": "disagreement", "past-teachers": 3}
+    assert STRATEGIES.label(config) == "fedgo[disagreement budget, past 3]"
+    assert (STRATEGIES.label({**config, "budget-probe": 1024})
+            == "fedgo[disagreement budget, probe 1024, past 3]")

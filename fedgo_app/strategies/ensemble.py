@@ -52,7 +52,8 @@ MARKS = (("ensemble-space", "logits", "probabilities"), ("distill-schedule", "co
          ("generator-source", "train-on-u", "G: {}"), ("distill-set", "server-data", "{} set"),
          ("redraw-distill-set", False, "redrawn"), ("view-draw", "per-pass", "views {}"),
          ("teacher-floor", False, "server floor"), ("confidence-threshold", 0.0, "confident {:g}"),
-         ("distill-budget", "full", "{} budget"), ("past-teachers", 0, "past {}"))
+         ("distill-budget", "full", "{} budget"), ("budget-probe", 0, "probe {}"),
+         ("past-teachers", 0, "past {}"))
 
 # Every ensemble strategy's clients: FedAvg's, and FedGAN's local step (a generator source).
 ENSEMBLE_CLIENT = {**CLIENT, TRAIN_FEDGAN: fedgan_update}
