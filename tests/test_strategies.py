@@ -146,14 +146,19 @@ def test_fedprox_sends_mu_and_its_clients_stay_closer_to_the_global_model(tiny_c
     assert moved[1] < moved[0]  # the proximal term holds the models near w^t
 
 
-def test_fedprox_over_fedgo_keeps_fedgos_pre_fl_stage(tiny_config):
-    cfg = tiny_config.replace(strategy="fedprox", fedprox_base="fedgo")
+@pytest.mark.parametrize("options", [{}, {"distill_budget": "disagreement", "past_teachers": 3,
+                                           "budget_probe": 64}])
+def test_fedprox_over_fedgo_keeps_fedgos_pre_fl_stage_and_options(tiny_config, options):
+    cfg = tiny_config.replace(strategy="fedprox", fedprox_base="fedgo", **options)
     record, grid = _run(cfg)
     types = [m.metadata.message_type for m in grid.sent]
     assert types.count("train.discriminator") == 4
     assert all(m.content.config_records["config"]["fedprox-mu"] == 0.001
                for m in grid.sent if m.metadata.message_type == "train")
     assert all("ensemble_test_acc" in r for r in record["rounds"][1:])
+    # FedGO's server options act under FedProx's clients as under FedGO's own
+    budgeted = [0 <= r["disagreement"] <= 1 for r in record["rounds"][1:] if "disagreement" in r]
+    assert budgeted == ([True] * cfg.num_server_rounds if options else [])
 
 
 @pytest.mark.parametrize("key, value, message", [
