@@ -398,7 +398,7 @@ def test_the_guard_asks_clients_that_did_not_train_and_scores_as_they_do(tiny_co
 
 def test_the_guard_judges_what_the_budget_and_past_teachers_distilled(tiny_config):
     """The guard on top of the disagreement budget and past teachers (the plan's
-    fedgo-cal-guard-budget-past-probe): every round that distilled asks the clients, the kept
+    fedgo-cal-guard-budget-past-probe, without its probe): every round that distilled asks the clients, the kept
     candidate is the server's model, and round 1's teacher and share are those of the run
     without the guard (the guard acts after them)."""
     base = tiny_config.replace(num_server_rounds=3, server_epochs=2, diagnostics=True,
