@@ -57,7 +57,11 @@ def test_a_run_resumed_after_round_two_ends_with_the_uninterrupted_model(strateg
         assert torch.allclose(resumed_model[name].double(), tensor.double(), atol=1e-6), name
     timing = ("seconds", "round_seconds", "client_seconds")
     final = {k: v for k, v in record["rounds"][3].items() if k not in timing}
-    assert {k: resumed["rounds"][3][k] for k in final} == final
+    # the model agrees to 1e-6; its recorded losses to the last bits (a reduction's order
+    # can depend on where a tensor lies in memory, on some CPUs' kernels)
+    for k, v in final.items():
+        assert resumed["rounds"][3][k] == (pytest.approx(v, rel=1e-6) if isinstance(v, float)
+                                           else v), k
 
 
 def test_resuming_with_another_config_fails_naming_the_keys(tiny_config):
