@@ -261,18 +261,18 @@ SEED_WINDOWS = (1, 3, None)
 
 def seed_differences(records: list[dict], of: str = FOCUS,
                      metric: str = "server_test_acc", last: int | None = 1,
-                     first: int | None = None) -> str:
-    """Per alpha and seed, `metric` of row `of` minus that of every other row (points), in
-    the last round, averaged over the `last` rounds, or (last=None) over every round after
-    round 0, the paper's accuracy over the rounds, or over the `first` rounds; so a lead or
-    deficit is seen seed by seed, not only in the means."""
+                     first: int | None = None, against: list[str] | None = None) -> str:
+    """Per alpha and seed, `metric` of row `of` minus that of every other row (or of the rows
+    `against`, in that order) (points), in the last round, averaged over the `last` rounds, or
+    (last=None) over every round after round 0, the paper's accuracy over the rounds, or over
+    the `first` rounds; so a lead or deficit is seen seed by seed, not only in the means."""
     cells: dict[tuple, dict[str, float]] = defaultdict(dict)
     for alpha, recs in by_alpha(records).items():
         for rec in recs:
             if rec["config"]["strategy"] != CENTRAL:
                 cells[(alpha, rec["config"]["seed"])][label(rec)] = last_mean(
                     rec, last or len(rec["rounds"]), metric, first)
-    others = sorted({name for row in cells.values() for name in row} - {of})
+    others = against or sorted({name for row in cells.values() for name in row} - {of})
     shown = of if metric == "server_test_acc" else f"{of} {metric.removesuffix('_test_acc')}"
     what = (f"{shown}, mean of first {first} (%)" if first else f"{shown} (%)" if last == 1
             else f"{shown}, mean of last {last} (%)" if last
@@ -532,6 +532,9 @@ def main(argv: list[str] | None = None) -> int:
                              "'fedgo[beta=4]') to every other row, in the last round, over the "
                              "last three and over all rounds (with --personalised: of the "
                              "personalised accuracy)")
+    parser.add_argument("--against", nargs="+", metavar="LABEL",
+                        help="with --of: only these rows, in this order (default: every other "
+                             "row)")
     parser.add_argument("--horizon", type=int, metavar="N",
                         help="long runs: the server accuracy over the first N and the last N "
                              "rounds, the best round, the ensemble over the last N, rounds and "
@@ -558,6 +561,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no record.json under {[str(d) for d in args.dirs]}"
               + (f" with architecture {args.architecture!r}" if args.architecture else ""))
         return 1
+    rows = {label(r) for r in records}
+    named = ([args.of] if args.of else []) + (args.against or [])
+    if unknown := [name for name in named if name not in rows]:
+        parser.error(f"no row named {', '.join(map(repr, unknown))}; the records' rows: "
+                     + ", ".join(sorted(rows)))
+    if args.against and not args.of:
+        parser.error("--against compares with the row --of names: give --of too")
     if len(made := devices(records)) > 1:  # rounding differs between them: docs/benchmarks.md
         print(f"warning: these records were made on different devices or runtimes {made}; "
               "a table compares methods on one", file=sys.stderr)
@@ -582,7 +592,7 @@ def main(argv: list[str] | None = None) -> int:
         print(personal_table(records))
         for last in SEED_WINDOWS if args.of else ():
             print("\n" + seed_differences(records, of=args.of, metric="personalised_test_acc",
-                                           last=last))
+                                           last=last, against=args.against))
         return 0
     if args.gap:
         print(gap_table(records, of=args.of or FOCUS))
@@ -590,11 +600,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.horizon:
         print(horizon_table(records, args.horizon))
         for window in ({"first": args.horizon}, {"last": args.horizon}) if args.of else ():
-            print("\n" + seed_differences(records, of=args.of, **window))
+            print("\n" + seed_differences(records, of=args.of, against=args.against, **window))
         return 0
     if args.of:
         for last in SEED_WINDOWS:
-            print(seed_differences(records, of=args.of, last=last) + "\n")
+            print(seed_differences(records, of=args.of, last=last, against=args.against) + "\n")
         return 0
     if args.update:
         replaced = update_tables(args.update, records)

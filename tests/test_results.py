@@ -186,6 +186,29 @@ def test_report_of_prints_one_rows_differences_over_three_windows(tmp_path, caps
         "| 0.1 | 0 | 70.0 | +20.0 |", "| 0.1 | 0 | 60.0 | +5.0 |", "| 0.1 | 0 | 60.0 | +5.0 |"]
 
 
+def test_report_against_keeps_the_rows_named_and_an_unknown_row_fails_naming_the_rows(
+        tmp_path, capsys):
+    import json
+    import pytest
+    from fedgo_lab.report import main
+    for name, rec in (("a", curve("fedgo", 0, [0.1, 0.7])), ("b", curve("fedavg", 0, [0.1, 0.6])),
+                      ("c", curve("feddf", 0, [0.1, 0.4]))):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "record.json").write_text(json.dumps(rec))
+    assert main([str(tmp_path), "--of", "fedgo", "--against", "feddf"]) == 0
+    table = capsys.readouterr().out.split("\n\n")[0].splitlines()
+    assert table[0] == "| alpha | seed | fedgo (%) | fedgo − feddf |"
+    assert table[2] == "| 0.1 | 0 | 70.0 | +30.0 |"
+    for argv in (["--of", "fedgo", "--against", "fedprox"], ["--of", "fedgoo"]):
+        with pytest.raises(SystemExit):
+            main([str(tmp_path), *argv])
+        err = capsys.readouterr().err
+        assert "no row named" in err and "fedavg, feddf, fedgo" in err
+    with pytest.raises(SystemExit):
+        main([str(tmp_path), "--against", "fedavg"])
+    assert "give --of too" in capsys.readouterr().err
+
+
 def test_report_warns_when_a_table_mixes_devices(tmp_path, capsys):
     import json
     from fedgo_lab.report import main
