@@ -3,7 +3,8 @@
     python -m fedgo_lab.report RESULTS_DIR [RESULTS_DIR ...] [--plot FILE.png]
                                [--metric server_test_acc] [--by KEY] [--title TEXT]
                                [--diagnostics] [--communication] [--gap] [--of LABEL]
-                               [--horizon N] [--lasting N] [--update docs/results.md]
+                               [--horizon N] [--lasting N] [--windows N]
+                               [--update docs/results.md]
 
 prints, per row (a strategy as its spec names it from the record's config, e.g.
 `fedgo[beta=4]`) and alpha, the mean and std over seeds of the last round's server and
@@ -21,7 +22,8 @@ differences of that row to every other (last round, last three, all rounds); --h
 for long runs, the first N and the last N rounds, the best round, the ensemble over the last
 N and the rounds and seconds to target (with --of, per-seed differences over both); --lasting
 N, per record with diagnostics and per N rounds, the teachers the lasting options would give
-against the averaged model they distil; --update FILE
+against the averaged model they distil; --windows N, per alpha, the mean over seeds of each
+row's --metric (one or more, dotted paths into a round allowed) over each N rounds; --update FILE
 rewrites, in a Markdown file, each of these tables (summary, per-seed differences in the last
 round, over the last three and over all rounds, gap, communication) found there by its header,
 from the records.
@@ -253,6 +255,52 @@ def lasting_table(record: dict, window: int = 10, level: str = "0.9") -> str:
         lines.append(f"| {part[0]['round']}-{part[-1]['round']} | " + " | ".join(
             "-" if c is None else f"{100 * c:.1f}" for c in cells) + " |")
     return "\n".join(lines)
+
+
+def round_value(round_: dict, metric: str) -> float | None:
+    """A round's value of `metric`: one of its keys, or a dotted path into it
+    (`diagnostics.averaged.acc`); None where the round has none."""
+    value = round_
+    for key in metric.split("."):
+        if not isinstance(value, dict) or key not in value:
+            return None
+        value = value[key]
+    return value
+
+
+def window_table(records: list[dict], window: int = 10,
+                 metrics: tuple[str, ...] = ("server_test_acc",)) -> str:
+    """Per alpha, each row's curve in a few lines (issue 46): the mean over its seeds of each
+    metric averaged over each `window` rounds (%), one column per row and metric that its
+    records have (the seeds in the header), one line per window; round 0 never counts."""
+    tables = []
+    for alpha, recs in by_alpha(records).items():
+        groups: dict[str, list[dict]] = defaultdict(list)
+        for rec in recs:
+            if rec["config"]["strategy"] != CENTRAL:
+                groups[label(rec)].append(rec)
+        last = max(r["round"] for rec in recs for r in rec["rounds"])
+        starts = range(1, last + 1, window)
+        columns, cells = [], []
+        for name, group in sorted(groups.items()):
+            for metric in metrics:
+                per_window = [[statistics.mean(v) for rec in group if (v := [
+                    x for r in rec["rounds"] if start <= r["round"] < start + window
+                    and (x := round_value(r, metric)) is not None])] for start in starts]
+                if not any(per_window):
+                    continue
+                seeds = ",".join(str(rec["config"]["seed"]) for rec in group)
+                shown = "" if metric == "server_test_acc" else f" {metric}"
+                columns.append(f"{name}{shown} (seeds {seeds})")
+                cells.append(["-" if not v else f"{100 * statistics.mean(v):.1f}"
+                              for v in per_window])
+        lines = [f"alpha {alpha:g}, mean over seeds of each {window} rounds (%):", "",
+                 "| rounds | " + " | ".join(columns) + " |", "|---" * (1 + len(columns)) + "|"]
+        for i, start in enumerate(starts):
+            end = min(start + window - 1, last)
+            lines.append(f"| {start}-{end} | " + " | ".join(c[i] for c in cells) + " |")
+        tables.append("\n".join(lines))
+    return "\n\n".join(tables)
 
 
 # The windows of the per-seed differences: the last round, the last three, every round.
@@ -511,9 +559,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plot", type=Path, metavar="FILE.png",
                         help="also draw --metric against the round: one panel per alpha, one "
                              "line per row (mean over seeds, band of one std)")
-    parser.add_argument("--metric", default="server_test_acc",
-                        help="the per-round value --plot draws, e.g. ensemble_test_acc "
-                             "(default: %(default)s)")
+    parser.add_argument("--metric", nargs="+", default=["server_test_acc"],
+                        help="the per-round value --plot draws (one) or --windows averages "
+                             "(one or more), e.g. ensemble_test_acc or a dotted path into a "
+                             "round such as diagnostics.averaged.acc (default: %(default)s)")
     parser.add_argument("--by", default=None, metavar="KEY",
                         help="--plot groups lines by this config key instead of by row")
     parser.add_argument("--title", default="", help="--plot's title (default: the metric)")
@@ -544,6 +593,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="per record with diagnostics, per window of N rounds: the server, "
                              "the averaged model before distillation, the teacher and the "
                              "teachers the lasting options would give on the same models")
+    parser.add_argument("--windows", type=int, metavar="N",
+                        help="long runs: per alpha, the mean over seeds of each row's --metric "
+                             "over each N rounds, one column per row and metric")
     parser.add_argument("--personalised", action="store_true",
                         help="the clients' accuracy on their personal test splits "
                              "(personal-test-fraction) beside the server's, per row")
@@ -579,6 +631,16 @@ def main(argv: list[str] | None = None) -> int:
         if not with_diagnostics:
             print("no record has diagnostics: run with diagnostics = true")
         return 0
+    if args.plot and len(args.metric) > 1:
+        parser.error("--plot draws one --metric")
+    if args.windows:
+        if missing := [m for m in args.metric if not any(
+                round_value(r, m) is not None for rec in records for r in rec["rounds"])]:
+            parser.error(f"--metric {', '.join(missing)}: no round of these records has it "
+                         "(a round's key, e.g. ensemble_test_acc, or a dotted path such as "
+                         "diagnostics.averaged.acc)")
+        print(window_table(records, args.windows, tuple(args.metric)))
+        return 0
     if args.lasting:
         for rec in records:
             if any("lasting" in x.get("diagnostics", {}) for x in rec["rounds"]):
@@ -613,7 +675,7 @@ def main(argv: list[str] | None = None) -> int:
     print(summary_table(records))
     if args.plot:
         by = (lambda rec: str(rec["config"][args.by])) if args.by else label
-        print(f"plot: {plot_rounds(records, args.plot, args.metric, by, args.title).resolve()}")
+        print(f"plot: {plot_rounds(records, args.plot, args.metric[0], by, args.title).resolve()}")
     return 0
 
 

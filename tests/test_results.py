@@ -265,3 +265,29 @@ def test_the_lasting_table_sets_each_teacher_beside_the_averaged_model():
     assert lasting_table({"config": {}, "rounds": rounds[:3]}).splitlines()[2].startswith(
         "| 1-2 | 70.0 | 75.0 | 60.0 | 72.0 | 66.5 | - | 30.0 |")
     assert "no lasting diagnostics" in lasting_table({"config": {}, "rounds": rounds[:1]})
+
+
+def test_the_window_table_gives_each_rows_mean_over_seeds_of_each_n_rounds(tmp_path, capsys):
+    import json
+    import pytest
+    from fedgo_lab.report import main, window_table
+    fedavg = [curve("fedavg", s, [0.1, 0.2, 0.4, 0.5, 0.7 + s / 10]) for s in (0, 1)]
+    fedgo = curve("fedgo", 0, [0.1, 0.6, 0.6, 0.7, 0.5])
+    for r in fedgo["rounds"][1:]:
+        r["diagnostics"] = {"averaged": {"acc": r["server_test_acc"] + 0.1}}
+    table = window_table(fedavg + [fedgo], window=2).splitlines()
+    assert table[2] == "| rounds | fedavg (seeds 0,1) | fedgo (seeds 0) |"
+    # round 0 never counts; fedavg rounds 1-2: 30 in both seeds; rounds 3-4: 60 and 65
+    assert table[4:] == ["| 1-2 | 30.0 | 60.0 |", "| 3-4 | 62.5 | 60.0 |"]
+    # a dotted path into the rounds; a row whose records lack it gets no column
+    table = window_table(fedavg + [fedgo], 3, ("diagnostics.averaged.acc",)).splitlines()
+    assert table[2:] == ["| rounds | fedgo diagnostics.averaged.acc (seeds 0) |", "|---|---|",
+                         "| 1-3 | 73.3 |", "| 4-4 | 60.0 |"]
+    for i, rec in enumerate(fedavg + [fedgo]):
+        (tmp_path / str(i)).mkdir()
+        (tmp_path / str(i) / "record.json").write_text(json.dumps(rec))
+    assert main([str(tmp_path), "--windows", "2"]) == 0
+    assert "| 3-4 | 62.5 | 60.0 |" in capsys.readouterr().out
+    with pytest.raises(SystemExit):  # a metric no round has fails naming it
+        main([str(tmp_path), "--windows", "2", "--metric", "diagnostics.averaged.acc", "nosuch"])
+    assert "--metric nosuch: no round" in capsys.readouterr().err
