@@ -268,6 +268,13 @@ def round_value(round_: dict, metric: str) -> float | None:
     return value
 
 
+def window_mean(rec: dict, metric: str, start: int, window: int) -> float | None:
+    """A record's `metric` averaged over rounds start .. start + window - 1 (None: no value)."""
+    values = [x for r in rec["rounds"] if start <= r["round"] < start + window
+              and (x := round_value(r, metric)) is not None]
+    return statistics.mean(values) if values else None
+
+
 def window_table(records: list[dict], window: int = 10,
                  metrics: tuple[str, ...] = ("server_test_acc",)) -> str:
     """Per alpha, each row's curve in a few lines (issue 46): the mean over its seeds of each
@@ -284,9 +291,9 @@ def window_table(records: list[dict], window: int = 10,
         columns, cells = [], []
         for name, group in sorted(groups.items()):
             for metric in metrics:
-                per_window = [[statistics.mean(v) for rec in group if (v := [
-                    x for r in rec["rounds"] if start <= r["round"] < start + window
-                    and (x := round_value(r, metric)) is not None])] for start in starts]
+                per_window = [[m for rec in group
+                               if (m := window_mean(rec, metric, start, window)) is not None]
+                              for start in starts]  # per window, one mean per seed
                 if not any(per_window):
                     continue
                 seeds = ",".join(str(rec["config"]["seed"]) for rec in group)
