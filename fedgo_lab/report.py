@@ -286,7 +286,8 @@ def window_table(records: list[dict], window: int = 10,
         for rec in recs:
             if rec["config"]["strategy"] != CENTRAL:
                 groups[label(rec)].append(rec)
-        last = max(r["round"] for rec in recs for r in rec["rounds"])
+        last = max(r["round"] for group in groups.values() for rec in group
+                   for r in rec["rounds"])  # the central reference counts epochs, not rounds
         starts = range(1, last + 1, window)
         columns, cells = [], []
         for name, group in sorted(groups.items()):

@@ -270,7 +270,7 @@ def test_the_lasting_table_sets_each_teacher_beside_the_averaged_model():
 def test_the_window_table_gives_each_rows_mean_over_seeds_of_each_n_rounds(tmp_path, capsys):
     import json
     import pytest
-    from fedgo_lab.report import main, window_table
+    from fedgo_lab.report import CENTRAL, main, window_table
     fedavg = [curve("fedavg", s, [0.1, 0.2, 0.4, 0.5, 0.7 + s / 10]) for s in (0, 1)]
     fedgo = curve("fedgo", 0, [0.1, 0.6, 0.6, 0.7, 0.5])
     for r in fedgo["rounds"][1:]:
@@ -279,6 +279,9 @@ def test_the_window_table_gives_each_rows_mean_over_seeds_of_each_n_rounds(tmp_p
     assert table[2] == "| rounds | fedavg (seeds 0,1) | fedgo (seeds 0) |"
     # round 0 never counts; fedavg rounds 1-2: 30 in both seeds; rounds 3-4: 60 and 65
     assert table[4:] == ["| 1-2 | 30.0 | 60.0 |", "| 3-4 | 62.5 | 60.0 |"]
+    central = curve("fedavg", 0, [0.1] * 9)  # the central reference's rounds are epochs
+    central["config"].update(strategy=CENTRAL, alpha=None)
+    assert window_table(fedavg + [fedgo, central], window=2).splitlines()[4:] == table[4:]
     # a dotted path into the rounds; a row whose records lack it gets no column
     table = window_table(fedavg + [fedgo], 3, ("diagnostics.averaged.acc",)).splitlines()
     assert table[2:] == ["| rounds | fedgo diagnostics.averaged.acc (seeds 0) |", "|---|---|",
