@@ -129,18 +129,26 @@ def by_alpha(records: list[dict]) -> dict[float, list[dict]]:
     return {a: [r for r in records if r["config"]["alpha"] in (a, None)] for a in alphas}
 
 
-def summary_table(records: list[dict]) -> str:
+def rows(records: list[dict], central: bool = True) -> dict[tuple[str, float], list[dict]]:
+    """Records per (row, alpha), in that order; the central reference is a row of every alpha,
+    or (central=False) of none."""
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for alpha, recs in by_alpha(records).items():
         for rec in recs:
-            groups[(label(rec), alpha)].append(rec)
+            if central or rec["config"]["strategy"] != CENTRAL:
+                groups[(label(rec), alpha)].append(rec)
+    return dict(sorted(groups.items()))
+
+
+def summary_table(records: list[dict]) -> str:
+    groups = rows(records)
     targets = {alpha: fedavg_target([r for r in records if r["config"]["alpha"] == alpha])
                for _, alpha in groups}
     lines = ["| strategy | alpha | seeds | rounds | server test acc (%) | "
              "server acc, mean of last 3 rounds (%) | ensemble test acc (%) | "
              "rounds to target (target) |",
              "|---|---|---|---|---|---|---|---|"]
-    for (name, alpha), recs in sorted(groups.items()):
+    for (name, alpha), recs in groups.items():
         last = [r["rounds"][-1] for r in recs]
         server = [x["server_test_acc"] for x in last]
         last3 = [last_mean(r) for r in recs]
@@ -159,14 +167,11 @@ def personal_table(records: list[dict]) -> str:
     """Per row and alpha, with personal-test-fraction > 0: the clients' n_k-weighted accuracy
     on their personal test splits beside the server's test accuracy (last round, and the
     mean of the last three), mean ± std over seeds."""
-    groups: dict[tuple, list[dict]] = defaultdict(list)
-    for alpha, recs in by_alpha(records).items():
-        for rec in recs:
-            if all("personalised_test_acc" in r for r in rec["rounds"]):
-                groups[(label(rec), alpha)].append(rec)
+    groups = rows([rec for rec in records
+                   if all("personalised_test_acc" in r for r in rec["rounds"])])
     lines = ["| strategy | alpha | seeds | personalised acc (%) | personalised, last 3 (%) | "
              "server test acc (%) |", "|---|---|---|---|---|---|"]
-    for (name, alpha), recs in sorted(groups.items()):
+    for (name, alpha), recs in groups.items():
         last3 = [last_mean(r, metric="personalised_test_acc") for r in recs]
         lines.append(f"| {name} | {alpha:g} | {','.join(str(r['config']['seed']) for r in recs)} "
                      f"| {mean_std([r['rounds'][-1]['personalised_test_acc'] for r in recs])} "
@@ -193,18 +198,14 @@ def horizon_table(records: list[dict], window: int = 10) -> str:
     server accuracy averaged over the first `window` rounds and over the last `window`, the
     best round, the ensemble's accuracy over the last `window` (the teacher against the
     student), and the rounds and seconds to FedAvg's target."""
-    groups: dict[tuple, list[dict]] = defaultdict(list)
-    for alpha, recs in by_alpha(records).items():
-        for rec in recs:
-            if rec["config"]["strategy"] != CENTRAL:
-                groups[(label(rec), alpha)].append(rec)
+    groups = rows(records, central=False)
     targets = {alpha: fedavg_target([r for r in records if r["config"]["alpha"] == alpha])
                for _, alpha in groups}
     lines = [f"| strategy | alpha | seeds | rounds | server acc, first {window} (%) | "
              f"server acc, last {window} (%) | best round (%) | ensemble acc, last {window} "
              "(%) | rounds to target | seconds to target (target) |",
              "|---|---|---|---|---|---|---|---|---|---|"]
-    for (name, alpha), recs in sorted(groups.items()):
+    for (name, alpha), recs in groups.items():
         ensemble = [last_mean(r, window, "ensemble_test_acc") for r in recs
                     if all("ensemble_test_acc" in x for x in r["rounds"][1:])]
         target = targets[alpha]
@@ -281,16 +282,14 @@ def window_table(records: list[dict], window: int = 10,
     metric averaged over each `window` rounds (%), one column per row and metric that its
     records have (the seeds in the header), one line per window; round 0 never counts."""
     tables = []
-    for alpha, recs in by_alpha(records).items():
-        groups: dict[str, list[dict]] = defaultdict(list)
-        for rec in recs:
-            if rec["config"]["strategy"] != CENTRAL:
-                groups[label(rec)].append(rec)
+    every = rows(records, central=False)  # the central reference counts epochs, not rounds
+    for alpha in sorted({alpha for _, alpha in every}):
+        groups = {name: recs for (name, a), recs in every.items() if a == alpha}
         last = max(r["round"] for group in groups.values() for rec in group
-                   for r in rec["rounds"])  # the central reference counts epochs, not rounds
+                   for r in rec["rounds"])
         starts = range(1, last + 1, window)
         columns, cells = [], []
-        for name, group in sorted(groups.items()):
+        for name, group in groups.items():
             for metric in metrics:
                 per_window = [[m for rec in group
                                if (m := window_mean(rec, metric, start, window)) is not None]
@@ -323,11 +322,10 @@ def seed_differences(records: list[dict], of: str = FOCUS,
     (last=None) over every round after round 0, the paper's accuracy over the rounds, or over
     the `first` rounds; so a lead or deficit is seen seed by seed, not only in the means."""
     cells: dict[tuple, dict[str, float]] = defaultdict(dict)
-    for alpha, recs in by_alpha(records).items():
+    for (name, alpha), recs in rows(records, central=False).items():
         for rec in recs:
-            if rec["config"]["strategy"] != CENTRAL:
-                cells[(alpha, rec["config"]["seed"])][label(rec)] = last_mean(
-                    rec, last or len(rec["rounds"]), metric, first)
+            cells[(alpha, rec["config"]["seed"])][name] = last_mean(
+                rec, last or len(rec["rounds"]), metric, first)
     others = against or sorted({name for row in cells.values() for name in row} - {of})
     shown = of if metric == "server_test_acc" else f"{of} {metric.removesuffix('_test_acc')}"
     what = (f"{shown}, mean of first {first} (%)" if first else f"{shown} (%)" if last == 1
@@ -562,8 +560,9 @@ def main(argv: list[str] | None = None) -> int:
         description="Tables and plots from run records. Without an option: the summary table\n"
                     "(mean ± std over seeds per row and alpha).",
         epilog="e.g. python -m fedgo_lab.report docs/records/fmnist-fair --update docs/results.md")
-    parser.add_argument("dirs", nargs="+", type=Path, metavar="RESULTS_DIR",
-                        help="folders searched for record.json files, at any depth")
+    parser.add_argument("dirs", nargs="*", type=Path, metavar="RESULTS_DIR",
+                        help="folders searched for record.json files, at any depth (before "
+                             "--metric and --against, which take every value after them)")
     parser.add_argument("--plot", type=Path, metavar="FILE.png",
                         help="also draw --metric against the round: one panel per alpha, one "
                              "line per row (mean over seeds, band of one std)")
@@ -614,6 +613,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="rewrite in place every table of FILE.md the report makes (found by "
                              "its header row), e.g. docs/results.md")
     args = parser.parse_args(argv)
+    if not args.dirs:  # argparse's own message would not say that --metric took the folders
+        parser.error("no RESULTS_DIR: name the folders before --metric and --against, which "
+                     "take every value that follows them")
     records = load_records(*args.dirs)
     if args.architecture:
         records = of_architecture(records, args.architecture)

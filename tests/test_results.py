@@ -207,6 +207,9 @@ def test_report_against_keeps_the_rows_named_and_an_unknown_row_fails_naming_the
     with pytest.raises(SystemExit):
         main([str(tmp_path), "--against", "fedavg"])
     assert "give --of too" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # the folder after --against: it took the folder as a row
+        main(["--of", "fedgo", "--against", "feddf", str(tmp_path)])
+    assert "name the folders before --metric and --against" in capsys.readouterr().err
 
 
 def test_report_warns_when_a_table_mixes_devices(tmp_path, capsys):
