@@ -232,16 +232,19 @@ def lasting_table(record: dict, window: int = 10, level: str = "0.9") -> str:
     (`teacher-floor`, `averaged-share` 0.5, `past-teachers`: "-" where a record has none, as
     in round 1 and in records made before the key) with the share of images the floor hands to
     the averaged model, and at confidence `level` the share of images kept and the teacher's
-    and the averaged model's accuracy on them. Where every teacher stays below the averaged
-    model, distillation pulls the server model down."""
+    and the averaged model's accuracy on them; last, the best of every label-free rule the
+    diagnostics score (both spaces), chosen after the fact in each window (a choice no run can
+    make), and its margin over the averaged model. Where every teacher stays below the
+    averaged model, distillation pulls the server model down."""
     rounds = [r for r in record["rounds"] if "lasting" in r.get("diagnostics", {})]
     if not rounds:
         return "(no lasting diagnostics in this record: run it with diagnostics = true)"
     space = record["config"].get("ensemble-space", "logits")
     lines = [f"| rounds | server | averaged (before distillation) | teacher | floored teacher "
              f"| teacher with averaged member | teacher with past globals | floor's own share "
-             f"| kept at {level} | teacher there | averaged there |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             f"| kept at {level} | teacher there | averaged there "
+             f"| best label-free rule, after the fact (− averaged) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for start in range(0, len(rounds), window):
         part = rounds[start:start + window]
         d = [r["diagnostics"] for r in part]
@@ -254,8 +257,22 @@ def lasting_table(record: dict, window: int = 10, level: str = "0.9") -> str:
             [x["lasting"]["floor"]["own_share"] for x in d], [c["kept"] for c in sure],
             [c["acc"] for c in sure], [c["averaged_acc"] for c in sure])]
         lines.append(f"| {part[0]['round']}-{part[-1]['round']} | " + " | ".join(
-            "-" if c is None else f"{100 * c:.1f}" for c in cells) + " |")
+            "-" if c is None else f"{100 * c:.1f}" for c in cells) + f" | {best_rule(d)} |")
     return "\n".join(lines)
+
+
+def best_rule(diagnostics: list[dict]) -> str:
+    """Over these rounds' diagnostics, the label-free rule (either space) with the highest
+    mean test accuracy, and its margin over the averaged model (points)."""
+    mean = lambda space, rule: statistics.mean(x[space][rule]["acc"] for x in diagnostics)
+    rules = [(space, rule) for space in ("logits", "probabilities")
+             for rule in diagnostics[0].get(space, {})
+             if rule != "label-oracle" and all(rule in x.get(space, {}) for x in diagnostics)]
+    if not rules:
+        return "-"
+    space, rule = max(rules, key=lambda sr: mean(*sr))
+    averaged = statistics.mean(x["averaged"]["acc"] for x in diagnostics)
+    return f"{rule} ({space}) {100 * (mean(space, rule) - averaged):+.1f}"
 
 
 def round_value(round_: dict, metric: str) -> float | None:

@@ -262,7 +262,13 @@ def test_the_lasting_table_sets_each_teacher_beside_the_averaged_model():
         rounds[t]["diagnostics"]["lasting"]["past"] = {"acc": 0.7 + 0.02 * t}
     rows = lasting_table({"config": {}, "rounds": rounds}, window=2).splitlines()
     assert rows[2] == ("| 1-2 | 70.0 | 75.0 | 60.0 | 72.0 | 66.5 | 74.0 | 30.0 | 50.0 | 90.0 "
-                       "| 80.0 |")
+                       "| 80.0 | active+averaged (logits) -8.5 |")
+    for t in (1, 2, 3):  # the best label-free rule: uniform in rounds 1-2, not in round 3;
+        rounds[t]["diagnostics"]["logits"]["uniform"] = {"acc": 0.9 - 0.1 * t}
+        rounds[t]["diagnostics"]["logits"]["label-oracle"] = {"acc": 0.95}  # it reads labels
+    rows = lasting_table({"config": {}, "rounds": rounds}, window=2).splitlines()
+    assert rows[2].endswith("| 80.0 | uniform (logits) +0.0 |")  # 75 against 75
+    assert rows[3].endswith("| 80.0 | active+averaged (logits) -7.0 |")  # 68 against 60
     assert rows[3].startswith("| 3-3 | 70.0 | 75.0 | 60.0 | 72.0 | 68.0 | 76.0 |")
     del rounds[2]["diagnostics"]["lasting"]["past"]  # a record made before the key
     assert lasting_table({"config": {}, "rounds": rounds[:3]}).splitlines()[2].startswith(
