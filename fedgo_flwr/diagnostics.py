@@ -159,3 +159,31 @@ def lasting_diagnostics(ensemble_log_probs: torch.Tensor, averaged_logits: torch
         acc, loss = accuracy_and_loss(past_log_probs, labels)
         out["past"] = {"acc": acc, "loss": loss}
     return out
+
+
+def per_class_diagnostics(ensemble_log_probs: torch.Tensor, averaged_logits: torch.Tensor,
+                          labels: torch.Tensor, histograms: torch.Tensor,
+                          active: torch.Tensor) -> dict[str, list[float]]:
+    """Per class c, on the labelled images of class c: the accuracy of the run's teacher
+    (log y~ [N, C]) and of the averaged model (logits [N, C]); the mean weight the run's rule
+    (`active` [K, N]) gives the client holding most images of c (of the round's label
+    histograms [K, C]), and that client's share of the round's images of c. Where the teacher
+    falls behind the average, this says on which classes, and how much of their weight went to
+    the clients that hold them. A class with no test image scores nan."""
+    holder = histograms.argmax(0)  # [C]: the client holding most images of each class
+    totals = histograms.sum(0)
+    on_holder = active[holder[labels], torch.arange(len(labels))]  # [N]
+    teacher_right = ensemble_log_probs.argmax(-1) == labels
+    averaged_right = averaged_logits.argmax(-1) == labels
+    nan = float("nan")
+    out: dict[str, list[float]] = {"teacher_acc": [], "averaged_acc": [], "weight_on_holder": [],
+                                   "holder_share": []}
+    for c in range(averaged_logits.shape[-1]):
+        mine = labels == c
+        seen = bool(mine.any())
+        out["teacher_acc"].append(teacher_right[mine].float().mean().item() if seen else nan)
+        out["averaged_acc"].append(averaged_right[mine].float().mean().item() if seen else nan)
+        out["weight_on_holder"].append(on_holder[mine].mean().item() if seen else nan)
+        out["holder_share"].append(
+            (histograms[holder[c], c] / totals[c]).item() if totals[c] > 0 else nan)
+    return out

@@ -275,6 +275,45 @@ def best_rule(diagnostics: list[dict]) -> str:
     return f"{rule} ({space}) {100 * (mean(space, rule) - averaged):+.1f}"
 
 
+def per_class_table(record: dict, window: int = 10) -> str:
+    """Per class of a record with per-class diagnostics (issue 46: where the lead fades, on
+    which classes), the means over rounds 1..window and over the later rounds: the share of
+    the round's images of the class its top holder has, the weight the run's rule gives that
+    client, and the teacher's accuracy minus the averaged model's (points); then, over the
+    classes, the correlation of the later weight with the later difference."""
+    rounds = [r for r in record["rounds"] if "per_class" in r.get("diagnostics", {})]
+    if not rounds:
+        return "(no per-class diagnostics in this record: run it with diagnostics = true)"
+    spans = tuple([r["diagnostics"]["per_class"] for r in rounds if early == (r["round"] <= window)]
+                  for early in (True, False))
+
+    def mean(part: list[dict], key: str, c: int) -> float:  # nan: no test image of class c
+        values = [x[key][c] for x in part if not math.isnan(x[key][c])]
+        return statistics.fmean(values) if values else math.nan
+
+    lines = ["| class | holder's share | weight on holder, early | weight on holder, late | "
+             "teacher − averaged, early | teacher − averaged, late | averaged, late | "
+             "teacher, late |", "|---|---|---|---|---|---|---|---|"]
+    late = []
+    for c in range(len(rounds[0]["diagnostics"]["per_class"]["teacher_acc"])):
+        share = mean(spans[0] + spans[1], "holder_share", c)
+        weights = [mean(part, "weight_on_holder", c) for part in spans]
+        gaps = [mean(part, "teacher_acc", c) - mean(part, "averaged_acc", c) for part in spans]
+        accs = [mean(spans[1], key, c) for key in ("averaged_acc", "teacher_acc")]
+        late.append((weights[1], gaps[1]))
+        cells = [f"{x:.2f}" for x in (share, *weights)] + [f"{100 * x:+.1f}" for x in gaps] + [
+            f"{100 * x:.1f}" for x in accs]
+        lines.append(f"| {c} | " + " | ".join("-" if "nan" in x else x for x in cells) + " |")
+    last = rounds[-1]["round"]
+    head = (f"early: rounds 1-{window}, late: rounds {window + 1}-{last}" if last > window
+            else f"early: rounds 1-{last}, no later rounds")
+    pairs = [(w, g) for w, g in late if not (math.isnan(w) or math.isnan(g))]
+    if len(pairs) > 2 and len({w for w, _ in pairs}) > 1 and len({g for _, g in pairs}) > 1:
+        r = statistics.correlation(*zip(*pairs))
+        head += f"; over the classes, late weight on the holder against late difference: r = {r:+.2f}"
+    return head + "\n\n" + "\n".join(lines)
+
+
 def round_value(round_: dict, metric: str) -> float | None:
     """A round's value of `metric`: one of its keys, or a dotted path into it
     (`diagnostics.averaged.acc`); None where the round has none."""
@@ -617,6 +656,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="per record with diagnostics, per window of N rounds: the server, "
                              "the averaged model before distillation, the teacher and the "
                              "teachers the lasting options would give on the same models")
+    parser.add_argument("--per-class", type=int, metavar="N",
+                        help="per record with per-class diagnostics: per class, over rounds "
+                             "1..N and the later rounds, its holder's share and weight and the "
+                             "teacher's accuracy minus the averaged model's")
     parser.add_argument("--windows", type=int, metavar="N",
                         help="long runs: per alpha, the mean over seeds of each row's --metric "
                              "over each N rounds, one column per row and metric")
@@ -673,6 +716,12 @@ def main(argv: list[str] | None = None) -> int:
             if any("lasting" in x.get("diagnostics", {}) for x in rec["rounds"]):
                 print(f"\n### {rec['run_name']} ({label(rec)}, alpha {rec['config']['alpha']})\n")
                 print(lasting_table(rec, args.lasting))
+        return 0
+    if args.per_class:
+        for rec in records:
+            if any("per_class" in x.get("diagnostics", {}) for x in rec["rounds"]):
+                print(f"\n### {rec['run_name']} ({label(rec)}, alpha {rec['config']['alpha']})\n")
+                print(per_class_table(rec, args.per_class))
         return 0
     if args.communication:
         print(communication_table(records))

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from fedgo_flwr.diagnostics import ensemble_diagnostics, phi_stats
+from fedgo_flwr.diagnostics import ensemble_diagnostics, per_class_diagnostics, phi_stats
 from fedgo_flwr.weighting import label_oracle_weights, odds_weights, uniform_weights
 
 
@@ -172,3 +172,18 @@ def test_the_class_count_rule_from_the_runs_own_ensemble_starts_where_its_weight
     diag = ensemble_diagnostics(logits, None, torch.ones(2), labels, active=experts.flip(0),
                                 histograms=hist)
     assert diag["logits"]["class-count-from-own"]["acc"] == 0.0
+
+
+def test_per_class_diagnostics_say_on_which_class_the_teacher_falls_behind_the_average():
+    # two clients; client 0 holds 9 of class 0's 10 images, client 1 all of class 1's
+    hist = torch.tensor([[9, 0, 0], [1, 4, 0]])
+    labels = torch.tensor([0, 0, 1, 1])
+    teacher = torch.log(torch.tensor([[0.8, 0.1, 0.1], [0.1, 0.8, 0.1],
+                                      [0.1, 0.8, 0.1], [0.1, 0.8, 0.1]]))
+    averaged = torch.tensor([[5.0, 0, 0], [5.0, 0, 0], [0, 5.0, 0], [5.0, 0, 0]])
+    active = torch.tensor([[0.5, 0.25, 0.6, 0.2], [0.5, 0.75, 0.4, 0.8]])
+    out = per_class_diagnostics(teacher, averaged, labels, hist, active)
+    assert out["teacher_acc"][:2] == [0.5, 1.0] and out["averaged_acc"][:2] == [1.0, 0.5]
+    assert out["weight_on_holder"][:2] == pytest.approx([0.375, 0.6])  # client 0, client 1
+    assert out["holder_share"][:2] == pytest.approx([0.9, 1.0])
+    assert all(math.isnan(x) for x in (out["teacher_acc"][2], out["holder_share"][2]))

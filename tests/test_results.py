@@ -303,3 +303,24 @@ def test_the_window_table_gives_each_rows_mean_over_seeds_of_each_n_rounds(tmp_p
     with pytest.raises(SystemExit):  # a metric no round has fails naming it
         main([str(tmp_path), "--windows", "2", "--metric", "diagnostics.averaged.acc", "nosuch"])
     assert "--metric nosuch: no round" in capsys.readouterr().err
+
+
+def test_the_per_class_table_sets_each_class_teacher_beside_the_average_early_and_late():
+    from fedgo_lab.report import per_class_table
+    nan = float("nan")
+
+    def per_class(teacher, weight):  # three classes, the third never in the test split
+        return {"teacher_acc": [teacher, 0.9, nan], "averaged_acc": [0.8, 0.8, nan],
+                "weight_on_holder": [weight, 0.7, nan], "holder_share": [0.6, 0.9, 0.5]}
+
+    rounds = [{"round": 0}] + [{"round": t, "diagnostics": {"per_class": per_class(a, w)}}
+                               for t, a, w in ((1, 0.9, 0.6), (2, 0.5, 0.3), (3, 0.7, 0.4))]
+    text = per_class_table({"rounds": rounds}, window=1)
+    head, _, table = text.partition("\n\n")
+    assert head.startswith("early: rounds 1-1, late: rounds 2-3")
+    rows = table.splitlines()
+    assert rows[2] == "| 0 | 0.60 | 0.60 | 0.35 | +10.0 | -20.0 | 80.0 | 60.0 |"
+    assert rows[3] == "| 1 | 0.90 | 0.70 | 0.70 | +10.0 | +10.0 | 80.0 | 90.0 |"
+    assert rows[4] == "| 2 | 0.50 | - | - | - | - | - | - |"
+    assert "r =" not in head  # two classes with scores: no correlation to speak of
+    assert "no per-class diagnostics" in per_class_table({"rounds": rounds[:1]})

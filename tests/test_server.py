@@ -198,6 +198,14 @@ def test_the_lasting_options_do_what_the_diagnostics_score(tiny_config):
     lasting = paper["diagnostics"]["lasting"]
     assert 0 <= lasting["floor"]["own_share"] <= 1
     assert set(lasting["confident"]) == {"0.5", "0.8", "0.9", "0.95"}
+    per_class = paper["diagnostics"]["per_class"]  # one value per class, from the same teacher
+    assert all(len(v) == 10 for v in per_class.values())
+    from torchvision.datasets import FashionMNIST  # the run scores the whole test split
+    labels = FashionMNIST(base.data_dir, train=False).targets
+    n = torch.bincount(labels, minlength=10).float()
+    seen = n > 0
+    assert (torch.tensor(per_class["teacher_acc"])[seen] * n[seen]).sum() / n.sum() == \
+        pytest.approx(paper["ensemble_test_acc"], abs=1e-6)
     floor = _run(base.replace(teacher_floor=True, diagnostics=False, run_name="floor"))[0]
     floor = floor["rounds"][1]
     assert floor["clients"] == paper["clients"]

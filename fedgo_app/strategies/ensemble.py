@@ -27,7 +27,8 @@ import torch
 from flwr.app import ArrayRecord, Message, RecordDict
 from flwr.common.logger import log
 
-from fedgo_flwr.diagnostics import PAST_TEACHERS, ensemble_diagnostics, lasting_diagnostics
+from fedgo_flwr.diagnostics import (PAST_TEACHERS, ensemble_diagnostics, lasting_diagnostics,
+                                     per_class_diagnostics)
 from fedgo_flwr.distill import (budgeted_pseudo_labels, confident_batches, cosine_lr,
                                 disagreement, distill, draw_batches, ensemble_log_probs,
                                 floored, view_pseudo_labels)
@@ -360,12 +361,11 @@ class EnsembleDistillation(FedAvgStrategy):
         if cfg.diagnostics:
             active = (client_rule(test_logits, log_odds, n_k) if len(teachers) > len(nets)
                       else weights)
+            histograms = self.clients.label_histograms([m.partition_id for m in models])
             entry["diagnostics"] = ensemble_diagnostics(
                 test_logits, log_odds if self.has_discriminators else None, n_k,
                 self.setup.test_y, entropy_tau=cfg.entropy_tau,
-                active=active,
-                histograms=self.clients.label_histograms([m.partition_id for m in models]),
-                averaged_logits=average_logits[0],
+                active=active, histograms=histograms, averaged_logits=average_logits[0],
                 capped=not cfg.calibrated_odds)
             # the options that keep a lead, each as it would act alone on these models
             if not past and self.past.states:  # the diagnostics' own past teachers
@@ -376,9 +376,12 @@ class EnsembleDistillation(FedAvgStrategy):
                 with_past = ensemble_log_probs(members, with_members(
                     lambda *_: active, past_member_shares(len(nets), len(past_logits)))(
                         members, log_odds, n_k), cfg.ensemble_space)
+            own = ensemble_log_probs(test_logits, active, cfg.ensemble_space)
             entry["diagnostics"]["lasting"] = lasting_diagnostics(
-                ensemble_log_probs(test_logits, active, cfg.ensemble_space), average_logits[0],
-                self.setup.test_y, with_past)
+                own, average_logits[0], self.setup.test_y, with_past)
+            if histograms is not None:  # where the teacher falls behind, by class
+                entry["diagnostics"]["per_class"] = per_class_diagnostics(
+                    own, average_logits[0], self.setup.test_y, histograms, active)
             # what FedAvg keeps this round, where distillation started (`averaged` is unchanged)
             avg_acc, avg_loss = self.test_metrics(averaged[0])
             entry["diagnostics"]["averaged"] = {"acc": avg_acc, "loss": avg_loss}
