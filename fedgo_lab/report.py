@@ -310,7 +310,8 @@ def per_class_table(record: dict, window: int = 10) -> str:
     pairs = [(w, g) for w, g in late if not (math.isnan(w) or math.isnan(g))]
     if len(pairs) > 2 and len({w for w, _ in pairs}) > 1 and len({g for _, g in pairs}) > 1:
         r = statistics.correlation(*zip(*pairs))
-        head += f"; over the classes, late weight on the holder against late difference: r = {r:+.2f}"
+        head += (f"; over the classes, late weight on the holder against late difference: "
+                 f"r = {r:+.2f}")
     return head + "\n\n" + "\n".join(lines)
 
 
