@@ -712,18 +712,15 @@ def main(argv: list[str] | None = None) -> int:
                          "diagnostics.averaged.acc)")
         print(window_table(records, args.windows, tuple(args.metric)))
         return 0
-    if args.lasting:
-        for rec in records:
-            if any("lasting" in x.get("diagnostics", {}) for x in rec["rounds"]):
-                print(f"\n### {rec['run_name']} ({label(rec)}, alpha {rec['config']['alpha']})\n")
-                print(lasting_table(rec, args.lasting))
-        return 0
-    if args.per_class:
-        for rec in records:
-            if any("per_class" in x.get("diagnostics", {}) for x in rec["rounds"]):
-                print(f"\n### {rec['run_name']} ({label(rec)}, alpha {rec['config']['alpha']})\n")
-                print(per_class_table(rec, args.per_class))
-        return 0
+    for window, key, table in ((args.lasting, "lasting", lasting_table),
+                               (args.per_class, "per_class", per_class_table)):
+        if window:  # one table per record whose diagnostics have the key
+            for rec in records:
+                if any(key in x.get("diagnostics", {}) for x in rec["rounds"]):
+                    print(f"\n### {rec['run_name']} ({label(rec)}, alpha "
+                          f"{rec['config']['alpha']})\n")
+                    print(table(rec, window))
+            return 0
     if args.communication:
         print(communication_table(records))
         return 0

@@ -305,8 +305,10 @@ def test_the_window_table_gives_each_rows_mean_over_seeds_of_each_n_rounds(tmp_p
     assert "--metric nosuch: no round" in capsys.readouterr().err
 
 
-def test_the_per_class_table_sets_each_class_teacher_beside_the_average_early_and_late():
-    from fedgo_lab.report import per_class_table
+def test_the_per_class_table_sets_each_class_teacher_beside_the_average_early_and_late(
+        tmp_path, capsys):
+    import json
+    from fedgo_lab.report import main, per_class_table
     nan = float("nan")
 
     def per_class(teacher, weight):  # three classes, the third never in the test split
@@ -324,3 +326,12 @@ def test_the_per_class_table_sets_each_class_teacher_beside_the_average_early_an
     assert rows[4] == "| 2 | 0.50 | - | - | - | - | - | - |"
     assert "r =" not in head  # two classes with scores: no correlation to speak of
     assert "no per-class diagnostics" in per_class_table({"rounds": rounds[:1]})
+    for name, rec in (("with", curve("fedgo", 0, [0.1, 0.5, 0.6, 0.7])),
+                      ("without", curve("fedgo", 1, [0.1, 0.5]))):
+        if name == "with":
+            rec["rounds"] = [{**r, **x} for r, x in zip(rec["rounds"], rounds)]
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "record.json").write_text(json.dumps({"run_name": name, **rec}))
+    assert main([str(tmp_path), "--per-class", "1"]) == 0  # one table: the record that has them
+    out = capsys.readouterr().out
+    assert out.count("### ") == 1 and "### with" in out and rows[2] in out
