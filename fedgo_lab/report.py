@@ -261,10 +261,15 @@ def lasting_table(record: dict, window: int = 10, level: str = "0.9") -> str:
     return "\n".join(lines)
 
 
+def rule_acc(diagnostics: list[dict], space: str, rule: str) -> float:
+    """A rule's mean test accuracy over these rounds' diagnostics."""
+    return statistics.mean(x[space][rule]["acc"] for x in diagnostics)
+
+
 def best_rule(diagnostics: list[dict]) -> str:
     """Over these rounds' diagnostics, the label-free rule (either space) with the highest
     mean test accuracy, and its margin over the averaged model (points)."""
-    mean = lambda space, rule: statistics.mean(x[space][rule]["acc"] for x in diagnostics)
+    mean = partial(rule_acc, diagnostics)
     rules = [(space, rule) for space in ("logits", "probabilities")
              for rule in diagnostics[0].get(space, {})
              if rule != "label-oracle" and all(rule in x.get(space, {}) for x in diagnostics)]
@@ -459,7 +464,7 @@ def gap_table(records: list[dict], of: str = FOCUS) -> str:
         rounds = [r["diagnostics"] for rec in runs for r in rec["rounds"] if "diagnostics" in r]
         if not rounds:
             continue
-        mean = lambda space, rule: statistics.mean(d[space][rule]["acc"] for d in rounds)
+        mean = partial(rule_acc, rounds)
         odds, oracle = mean("logits", "odds"), mean("logits", "label-oracle")
         cells = [f"{alpha:g}", ",".join(str(rec["config"]["seed"]) for rec in runs),
                  f"{100 * odds:.1f}"]
@@ -611,6 +616,11 @@ def update_tables(path: Path, records: list[dict]) -> list[str]:
     return replaced
 
 
+def heading(rec: dict) -> str:
+    """The heading a per-record table is printed under."""
+    return f"\n### {rec['run_name']} ({label(rec)}, alpha {rec['config']['alpha']})\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m fedgo_lab.report", formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -697,7 +707,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.diagnostics:
         with_diagnostics = [r for r in records if any("diagnostics" in x for x in r["rounds"])]
         for rec in with_diagnostics:
-            print(f"\n### {rec['run_name']} ({label(rec)}, alpha {rec['config']['alpha']})\n")
+            print(heading(rec))
             print(diagnostics_table(rec))
         if not with_diagnostics:
             print("no record has diagnostics: run with diagnostics = true")
@@ -717,8 +727,7 @@ def main(argv: list[str] | None = None) -> int:
         if window:  # one table per record whose diagnostics have the key
             for rec in records:
                 if any(key in x.get("diagnostics", {}) for x in rec["rounds"]):
-                    print(f"\n### {rec['run_name']} ({label(rec)}, alpha "
-                          f"{rec['config']['alpha']})\n")
+                    print(heading(rec))
                     print(table(rec, window))
             return 0
     if args.communication:
