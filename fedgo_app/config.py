@@ -137,8 +137,9 @@ class Config:
                          NON_NEGATIVE, ("data",))
     distill_size: int = key(3000, "images of U used for distillation (a seeded subset); "
                             "0 = all of U", NON_NEGATIVE, ("distillation",))
-    val_size: int = key(0, "labelled server images outside U for FedDF-as-published's early "
-                        "stopping (only with feddf-published)", NON_NEGATIVE, ("feddf",))
+    val_size: int = key(0, "labelled server images outside U, for FedDF-as-published's early "
+                        "stopping or distillation-guard = labelled-val (only with one of them)",
+                        NON_NEGATIVE, ("feddf", "distillation"))
     # --- main FL (Algorithm 2)
     num_server_rounds: int = key(5, "T, the number of rounds", AT_LEAST_ONE, ("rounds",))
     fraction_train: float = key(0.4, "C: a round trains floor(C K) clients, at least two "
@@ -258,11 +259,13 @@ class Config:
     generator_file: str = key("", "the generator file of generator-source = load (python -m "
                               "fedgo_lab.export_generator writes one)", groups=("distillation",))
     distillation_guard: str = key(
-        "none", "none (the papers) or clients: after distilling, as many clients as trained, "
+        "none", "none (the papers), clients: after distilling, as many clients as trained, "
         "drawn from those that did not train this round, score the averaged and the distilled "
         "model on their own data, and the server keeps the distilled one only if its "
         "n_k-weighted accuracy is higher (one more exchange a round; the server still reads no "
-        "label; not in the papers)", OneOf(GUARDS), ("distillation",))
+        "label), or labelled-val: the server scores both on its val-size LABELLED images "
+        "instead (the data FedDF as published validates on); not in the papers",
+        OneOf(GUARDS), ("distillation",))
     teacher_floor: bool = key(False, "the round's averaged model as the floor of its teacher: "
                               "on an image where it is surer than the ensemble (a higher top "
                               "probability) its own prediction is the pseudo-label; not in the "
@@ -453,6 +456,10 @@ class Config:
                               f"'distill-budget' is {self.distill_budget!r}: a probe measures "
                               "the disagreement budget; set distill-budget = \"disagreement\" "
                               "or budget-probe = 0")
+        if self.distillation_guard == "labelled-val" and self.val_size == 0:
+            raise ConfigError("run-config key 'distillation-guard' is 'labelled-val' and "
+                              "'val-size' is 0: say how many labelled server images score the "
+                              "averaged and the distilled model")
         if self.discriminator_calibration != "none" and self.weighting == "odds-unsquashed":
             raise ConfigError("run-config key 'weighting' is 'odds-unsquashed', which recovers "
                               "D_k's logit from the paper's capped odds; with "

@@ -25,9 +25,10 @@ DISTILL_SETS = ("server-data", "generated")
 # images/s on the CPU, the same result up to float noise); False keeps the contiguous format,
 # the numerics before it (tests/test_distill.py compares the two).
 CHANNELS_LAST = True
-# Who decides whether the distilled model replaces the averaged one: nobody (the papers) or
-# clients that did not train this round, on their own labelled data.
-GUARDS = ("none", "clients")
+# Who decides whether the distilled model replaces the averaged one: nobody (the papers),
+# clients that did not train this round, on their own labelled data, or the server on labelled
+# images of its own (the data FedDF as published validates on; a row that says so).
+GUARDS = ("none", "clients", "labelled-val")
 # How many of its steps the distillation takes a round: all of them (the papers), or the share
 # of the images it meets where the server model's class is not the pseudo-label's, so that it
 # fades as the ensemble and the server model come to agree.

@@ -30,7 +30,8 @@ def test_run_config_round_trip_and_int_for_float():
     ("ensemble-space", "margins", "allowed: logits, probabilities"),
     ("odds-beta", 0.0, "'odds-beta' is 0.0; allowed: > 0"),
     ("feddf-published", True, "it switches FedDF"),
-    ("val-size", 100, "only FedDF's published server update reads labelled server data"),
+    ("val-size", 100, "only FedDF's published server update and distillation-guard"),
+    ("distillation-guard", "labelled-val", "'val-size' is 0"),
 ])
 def test_bad_values_fail_naming_key_and_allowed_values(key, value, needle):
     with pytest.raises(ConfigError) as err:

@@ -445,6 +445,36 @@ def test_the_guard_keeps_what_the_clients_score_higher(tiny_config, lie):
         assert entry["server_test_acc"] != entry["diagnostics"]["averaged"]["acc"]
 
 
+def test_the_labelled_val_guard_scores_the_candidates_on_the_servers_labelled_images(
+        tiny_config):
+    """distillation-guard = labelled-val: no client is asked; the server scores the same two
+    candidates the clients' guard sends (the round's models do not depend on who judges) on
+    its val-size labelled images, and keeps the one scored higher."""
+    from fedgo_app.data import validation_data
+    from fedgo_flwr.models import create_classifier
+    from fedgo_flwr.train import evaluate
+    cfg = _guard_config(tiny_config).replace(distill_size=300)  # U leaves images to label
+    labelled = cfg.replace(distillation_guard="labelled-val", val_size=60)
+    record, grid = _run(labelled)
+    entry = record["rounds"][1]
+    guard = entry["guard"]
+    assert guard["val_images"] == 60 and "clients" not in guard
+    assert "evaluate.candidates" not in {m.metadata.message_type for m in grid.sent}
+    assert "guard_down" not in record["bytes"]
+    asked = _run(cfg)[1]  # the clients' guard: its message carries the candidates
+    (sent, *_) = [m for m in asked.sent if m.metadata.message_type == "evaluate.candidates"]
+    val_x, val_y = validation_data(labelled)
+    for name, arrays in sent.content.array_records.items():
+        model = create_classifier(cfg.model, 1, 10, 28)
+        model.load_state_dict(arrays.to_torch_state_dict())
+        acc = evaluate(model, val_x, val_y, device=torch.device("cpu"))[0]
+        assert guard[f"{name}_acc"] == pytest.approx(acc, abs=1e-9)
+    better = "distilled" if guard["distilled_acc"] > guard["averaged_acc"] else "averaged"
+    assert guard["kept"] == better
+    assert guard["test_acc"][guard["kept"]] == entry["server_test_acc"]
+    assert guard["test_acc"]["averaged"] == entry["diagnostics"]["averaged"]["acc"]
+
+
 def test_a_malformed_guard_score_is_rejected_with_its_reason(tiny_config, caplog):
     """A score out of [0, 1] is left out, logged with its reason; with no usable score the
     server keeps the distilled model, as the papers do."""

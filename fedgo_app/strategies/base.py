@@ -498,12 +498,14 @@ class FedAvgStrategy(ServerUpdateFedAvg):
         self.evaluate_personal(server_round, arrays)
         return metrics
 
-    def test_metrics(self, state: dict[str, torch.Tensor],
-                     architecture: str = "") -> tuple[float, float]:
-        """Test accuracy and loss of the classifier with these weights on the test split."""
+    def test_metrics(self, state: dict[str, torch.Tensor], architecture: str = "",
+                     on: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[float, float]:
+        """Accuracy and loss of the classifier with these weights on the test split, or on
+        the labelled images `on` (x, y)."""
         model = self.setup.new_classifier(architecture, state)
+        x, y = on if on is not None else (self.setup.test_x, self.setup.test_y)
         with server_autocast(self.setup.device, self.setup.amp):
-            return evaluate(model, self.setup.test_x, self.setup.test_y, device=self.setup.device)
+            return evaluate(model, x, y, device=self.setup.device)
 
     def evaluate_global(self, server_round: int, arrays: ArrayRecord) -> MetricRecord:
         start = time.perf_counter()

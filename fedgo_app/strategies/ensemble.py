@@ -8,7 +8,8 @@ Strategies differ only in the weighting rule and the discriminator log-odds it s
 uniform, no discriminators; FedGO: odds). `averaged-share` > 0 (not in the papers) makes the
 round's averaged model one more teacher with that share of the weight; `distillation-guard =
 clients` (not in the papers either) keeps the averaged model where clients that did not train
-score it above the distilled one; `teacher-floor` keeps the averaged model's own label where it
+score it above the distilled one (`labelled-val`: the server's own labelled images score it);
+`teacher-floor` keeps the averaged model's own label where it
 is surer than the ensemble, `confidence-threshold` distils only on sure pseudo-labels,
 `distill-budget = disagreement` takes the share of the steps that is the averaged model's
 disagreement with the pseudo-labels, and `past-teachers` makes the last global models more
@@ -20,6 +21,7 @@ data) overrides `distill_batches` and `distill_student` behind `feddf-published`
 from __future__ import annotations
 
 import hashlib
+import math
 import time
 from logging import INFO, WARNING
 
@@ -330,7 +332,7 @@ class EnsembleDistillation(FedAvgStrategy):
                                 None if mixed else (single, average), past)
         distilled = {arch: {k: v.detach().cpu() for k, v in student.state_dict().items()}
                      for arch, student in students.items()}
-        if cfg.distillation_guard == "clients" and batches:
+        if cfg.distillation_guard != "none" and batches:
             (arch,) = distilled
             return {arch: self.guard(server_round, single, distilled[arch])}
         return distilled
@@ -389,12 +391,42 @@ class EnsembleDistillation(FedAvgStrategy):
 
     def guard(self, server_round: int, averaged: dict[str, torch.Tensor],
               distilled: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The distillation guard (not in the papers): as many clients as trained, drawn from
-        those that did not train this round (none of this round's models saw their data),
-        score both models on their own data; the server keeps the distilled model only if its
-        n_k-weighted accuracy is higher, and with no usable score it keeps it as the papers
-        do."""
+        """The distillation guard (not in the papers): the server keeps the distilled model
+        only if it scores higher than the averaged one, scored by clients that did not train
+        this round (`clients`) or on the server's labelled images (`labelled-val`); with no
+        usable score it keeps the distilled model, as the papers do."""
         start = time.perf_counter()
+        candidates = {"averaged": averaged, "distilled": distilled}
+        if self.cfg.distillation_guard == "labelled-val":
+            acc = {name: self.test_metrics(state, on=(self.setup.val_x, self.setup.val_y))[0]
+                   for name, state in candidates.items()}
+            entry = {"val_images": len(self.setup.val_y)}
+            judges = f"{len(self.setup.val_y)} labelled server images"
+        else:
+            acc, entry = self.clients_score(server_round, candidates)
+            judges = f"partitions {entry['scored']}"
+        usable = not any(math.isnan(a) for a in acc.values())
+        kept = "averaged" if usable and acc["averaged"] >= acc["distilled"] else "distilled"
+        entry = self.record.round(server_round)["guard"] = {
+            **entry, "averaged_acc": acc["averaged"], "distilled_acc": acc["distilled"],
+            "kept": kept}
+        if self.cfg.diagnostics:  # what the test split says of the same choice
+            entry["test_acc"] = {name: self.test_metrics(state)[0]
+                                 for name, state in candidates.items()}
+        self.record.time("guard", time.perf_counter() - start, server_round)
+        if not usable:
+            log(WARNING, "round %d: no usable guard score; the distilled model is kept",
+                server_round)
+        log(INFO, "round %d: guard on %s: averaged %.4f, distilled %.4f -> keeps the %s model",
+            server_round, judges, acc["averaged"], acc["distilled"], kept)
+        return candidates[kept]
+
+    def clients_score(self, server_round: int, candidates: dict[str, dict[str, torch.Tensor]]
+                      ) -> tuple[dict[str, float], dict]:
+        """`distillation-guard = clients`: as many clients as trained, drawn from those that
+        did not train this round (none of this round's models saw their data), score the
+        candidates on their own data; their n_k-weighted accuracies (NaN with no usable
+        reply) and who was asked, who answered and who was rejected."""
         trained = set(self._sampled.values())
         pool = [p for p in self.clients.partition_ids if p not in trained | self.absent]
         if not pool:
@@ -405,8 +437,7 @@ class EnsembleDistillation(FedAvgStrategy):
             round_seed(self.cfg.seed, server_round)))
         pids = sorted(pool[i] for i in order[:len(trained)].tolist())
         expected = {self.clients.by_partition[p].node_id: p for p in pids}
-        content = RecordDict({name: ArrayRecord(state) for name, state in
-                              (("averaged", averaged), ("distilled", distilled))})
+        content = RecordDict({name: ArrayRecord(state) for name, state in candidates.items()})
         self.record.sent("guard", "down", payload_bytes([content]) * len(pids), server_round)
         replies = self.exchange(
             [Message(content, dst_node_id=n, message_type=EVALUATE_CANDIDATES) for n in expected],
@@ -425,18 +456,4 @@ class EnsembleDistillation(FedAvgStrategy):
         n = sum(m["num-examples"] for m in scored.values())
         acc = {name: sum(m["num-examples"] * m[f"{name}-acc"] for m in scored.values()) / n
                if n else float("nan") for name in content}
-        kept = "averaged" if n and acc["averaged"] >= acc["distilled"] else "distilled"
-        entry = self.record.round(server_round)["guard"] = {
-            "clients": pids, "scored": sorted(scored), "rejected": rejected,
-            "averaged_acc": acc["averaged"], "distilled_acc": acc["distilled"], "kept": kept}
-        if self.cfg.diagnostics:  # what the test split says of the same choice
-            entry["test_acc"] = {name: self.test_metrics(state)[0] for name, state in
-                                 (("averaged", averaged), ("distilled", distilled))}
-        self.record.time("guard", time.perf_counter() - start, server_round)
-        if not n:
-            log(WARNING, "round %d: no usable guard score; the distilled model is kept",
-                server_round)
-        log(INFO, "round %d: guard on partitions %s: averaged %.4f, distilled %.4f -> keeps "
-            "the %s model", server_round, sorted(scored), acc["averaged"], acc["distilled"],
-            kept)
-        return averaged if kept == "averaged" else distilled
+        return acc, {"clients": pids, "scored": sorted(scored), "rejected": rejected}

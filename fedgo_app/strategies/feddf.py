@@ -43,9 +43,11 @@ class FedDFKeys:
         check("feddf-published", not self.published or cfg.strategy == "feddf",
               f"is true, but strategy is {cfg.strategy!r}: it switches FedDF (strategy = "
               "\"feddf\") to its published server update")
-        check("val-size", cfg.val_size == 0 or self.published,
-              "is > 0, but only FedDF's published server update reads labelled server data: "
-              "set feddf-published = true (and strategy = \"feddf\") or val-size = 0")
+        check("val-size", cfg.val_size == 0 or self.published
+              or cfg.distillation_guard == "labelled-val",
+              "is > 0, but only FedDF's published server update and distillation-guard = "
+              "\"labelled-val\" read labelled server data: set feddf-published = true (and "
+              "strategy = \"feddf\"), distillation-guard = \"labelled-val\" or val-size = 0")
 
 
 class FedDF(EnsembleDistillation):
