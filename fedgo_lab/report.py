@@ -372,6 +372,42 @@ def window_table(records: list[dict], window: int = 10,
     return "\n\n".join(tables)
 
 
+def kept_averaged(round_: dict) -> bool | None:
+    """Whether the round's server kept the averaged model over the distilled one: its guard
+    chose it, or FedDF's labelled validation scored the checkpoint before the first step
+    best (`best_step` 0); None where nothing chose (no guard, or no step distilled)."""
+    if "guard" in round_:
+        return round_["guard"]["kept"] == "averaged"
+    return round_["best_step"] == 0 if "best_step" in round_ else None
+
+
+def kept_table(records: list[dict], window: int = 10) -> str:
+    """Per record whose server chooses between the averaged and the distilled model (a
+    `distillation-guard`, or FedDF as published validating on labelled images), in how many
+    of the rounds that chose in each `window` rounds it kept the averaged one."""
+    chose = [(rec, {r["round"]: k for r in rec["rounds"] if (k := kept_averaged(r)) is not None})
+             for rec in records]
+    chose = [(rec, kept) for rec, kept in chose if kept]
+    if not chose:
+        return ("no record chooses between the averaged and the distilled model (a "
+                "distillation-guard, or feddf-published with val-size > 0)")
+    last = max(r["round"] for rec, _ in chose for r in rec["rounds"])
+    starts = range(1, last + 1, window)
+    spans = [f"{s}-{min(s + window - 1, last)}" for s in starts]
+    lines = ["rounds that kept the averaged model / rounds that chose:", "",
+             "| run | row | alpha | seed | " + " | ".join(spans) + " | all |",
+             "|---" * (5 + len(spans)) + "|"]
+    for rec, kept in sorted(chose, key=lambda c: (label(c[0]), -c[0]["config"]["alpha"],
+                                                   c[0]["config"]["seed"])):
+        cells = []
+        for s in (*starts, None):
+            part = [k for t, k in kept.items() if s is None or s <= t < s + window]
+            cells.append(f"{sum(part)}/{len(part)}" if part else "-")
+        lines.append(f"| {rec['run_name']} | {label(rec)} | {rec['config']['alpha']:g} | "
+                     f"{rec['config']['seed']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 # The windows of the per-seed differences: the last round, the last three, every round.
 SEED_WINDOWS = (1, 3, None)
 
@@ -671,6 +707,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="per record with per-class diagnostics: per class, over rounds "
                              "1..N and the later rounds, its holder's share and weight and the "
                              "teacher's accuracy minus the averaged model's")
+    parser.add_argument("--kept", type=int, metavar="N",
+                        help="per record whose server chooses between the averaged and the "
+                             "distilled model (a distillation-guard, FedDF as published's "
+                             "labelled validation), per window of N rounds: the rounds that "
+                             "kept the averaged model")
     parser.add_argument("--windows", type=int, metavar="N",
                         help="long runs: per alpha, the mean over seeds of each row's --metric "
                              "over each N rounds, one column per row and metric")
@@ -730,6 +771,9 @@ def main(argv: list[str] | None = None) -> int:
                     print(heading(rec))
                     print(table(rec, window))
             return 0
+    if args.kept:
+        print(kept_table(records, args.kept))
+        return 0
     if args.communication:
         print(communication_table(records))
         return 0

@@ -335,3 +335,27 @@ def test_the_per_class_table_sets_each_class_teacher_beside_the_average_early_an
     assert main([str(tmp_path), "--per-class", "1"]) == 0  # one table: the record that has them
     out = capsys.readouterr().out
     assert out.count("### ") == 1 and "### with" in out and rows[2] in out
+
+
+def test_the_kept_table_counts_the_rounds_that_kept_the_averaged_model():
+    """A guard's choice or FedDF as published's best_step 0 is the averaged model kept; a
+    round that chose nothing (no step distilled) is counted in neither."""
+    from fedgo_lab.report import kept_table
+    guarded = curve("fedgo", 0, [0.1] * 6)
+    choices = ["averaged", "distilled", None, "averaged", "averaged"]
+    for r, kept in zip(guarded["rounds"][1:], choices):
+        if kept:
+            r["guard"] = {"kept": kept}
+    guarded["run_name"] = "g"
+    published = curve("feddf", 1, [0.1] * 6)
+    published["config"].update({"feddf-published": True, "val-size": 10})
+    for r, step in zip(published["rounds"][1:], [0, 300, 0, 0, 500]):
+        r["best_step"] = step
+    published["run_name"] = "p"
+    plain = curve("fedavg", 0, [0.1] * 6)
+    plain["run_name"] = "f"
+    lines = kept_table([plain, guarded, published], window=3).splitlines()
+    assert lines[2] == "| run | row | alpha | seed | 1-3 | 4-5 | all |"
+    assert lines[4:] == ["| p | feddf-published (labelled val) | 0.1 | 1 | 2/3 | 1/2 | 3/5 |",
+                         "| g | fedgo | 0.1 | 0 | 1/2 | 2/2 | 3/4 |"]
+    assert kept_table([plain], 3).startswith("no record chooses")
