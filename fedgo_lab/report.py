@@ -338,6 +338,12 @@ def window_mean(rec: dict, metric: str, start: int, window: int) -> float | None
     return statistics.mean(values) if values else None
 
 
+def round_windows(last: int, window: int) -> list[tuple[int, str]]:
+    """Windows of `window` rounds over rounds 1 .. last (round 0 never counts): each one's
+    first round and its name, e.g. (41, "41-50")."""
+    return [(s, f"{s}-{min(s + window - 1, last)}") for s in range(1, last + 1, window)]
+
+
 def window_table(records: list[dict], window: int = 10,
                  metrics: tuple[str, ...] = ("server_test_acc",)) -> str:
     """Per alpha, each row's curve in a few lines (issue 46): the mean over its seeds of each
@@ -349,13 +355,13 @@ def window_table(records: list[dict], window: int = 10,
         groups = {name: recs for (name, a), recs in every.items() if a == alpha}
         last = max(r["round"] for group in groups.values() for rec in group
                    for r in rec["rounds"])
-        starts = range(1, last + 1, window)
+        spans = round_windows(last, window)
         columns, cells = [], []
         for name, group in groups.items():
             for metric in metrics:
                 per_window = [[m for rec in group
                                if (m := window_mean(rec, metric, start, window)) is not None]
-                              for start in starts]  # per window, one mean per seed
+                              for start, _ in spans]  # per window, one mean per seed
                 if not any(per_window):
                     continue
                 seeds = ",".join(str(rec["config"]["seed"]) for rec in group)
@@ -365,9 +371,8 @@ def window_table(records: list[dict], window: int = 10,
                               for v in per_window])
         lines = [f"alpha {alpha:g}, mean over seeds of each {window} rounds (%):", "",
                  "| rounds | " + " | ".join(columns) + " |", "|---" * (1 + len(columns)) + "|"]
-        for i, start in enumerate(starts):
-            end = min(start + window - 1, last)
-            lines.append(f"| {start}-{end} | " + " | ".join(c[i] for c in cells) + " |")
+        for i, (_, span) in enumerate(spans):
+            lines.append(f"| {span} | " + " | ".join(c[i] for c in cells) + " |")
         tables.append("\n".join(lines))
     return "\n\n".join(tables)
 
@@ -392,15 +397,14 @@ def kept_table(records: list[dict], window: int = 10) -> str:
         return ("no record chooses between the averaged and the distilled model (a "
                 "distillation-guard, or feddf-published with val-size > 0)")
     last = max(r["round"] for rec, _ in chose for r in rec["rounds"])
-    starts = range(1, last + 1, window)
-    spans = [f"{s}-{min(s + window - 1, last)}" for s in starts]
+    spans = round_windows(last, window)
     lines = ["rounds that kept the averaged model / rounds that chose:", "",
-             "| run | row | alpha | seed | " + " | ".join(spans) + " | all |",
+             "| run | row | alpha | seed | " + " | ".join(n for _, n in spans) + " | all |",
              "|---" * (5 + len(spans)) + "|"]
     for rec, kept in sorted(chose, key=lambda c: (label(c[0]), -c[0]["config"]["alpha"],
                                                    c[0]["config"]["seed"])):
         cells = []
-        for s in (*starts, None):
+        for s in (*(start for start, _ in spans), None):
             part = [k for t, k in kept.items() if s is None or s <= t < s + window]
             cells.append(f"{sum(part)}/{len(part)}" if part else "-")
         lines.append(f"| {rec['run_name']} | {label(rec)} | {rec['config']['alpha']:g} | "
