@@ -94,7 +94,7 @@ def last_mean(rec: dict, last: int = 3, metric: str = "server_test_acc",
 def label(rec: dict) -> str:
     """A record's row: its strategy as the strategy's own spec names a run of this config
     (StrategySpec.marks and row_name: e.g. `fedgo[beta=4]`, `fedgo+fedprox`,
-    `feddf-published (labelled val)`), or the central reference."""
+    `feddf-published (labelled val, 500 steps)`), or the central reference."""
     if rec["config"]["strategy"] == CENTRAL:
         return "central (pooled client data, upper bound)"
     return STRATEGIES.label(rec["config"])

@@ -124,7 +124,7 @@ def test_labels_name_what_departs_from_the_paper():
     assert label(rec(**{"odds-beta": 4.0, "ensemble-space": "probabilities"})) == \
         "fedgo[beta=4, probabilities]"
     assert label(rec(strategy="feddf", **{"feddf-published": True, "val-size": 1000})) == \
-        "feddf-published (labelled val)"
+        "feddf-published (labelled val, 500 steps)"
     assert label(rec(strategy="feddf", **{"distill-schedule": "constant"})) == "feddf[constant lr]"
     assert label(rec(strategy="fedprox", **{"fedprox-base": "fedavg"})) == "fedprox"
     assert label(rec(strategy="fedprox", **{"fedprox-base": "fedgo", "odds-beta": 2.0})) == \

@@ -356,6 +356,6 @@ def test_the_kept_table_counts_the_rounds_that_kept_the_averaged_model():
     plain["run_name"] = "f"
     lines = kept_table([plain, guarded, published], window=3).splitlines()
     assert lines[2] == "| run | row | alpha | seed | 1-3 | 4-5 | all |"
-    assert lines[4:] == ["| p | feddf-published (labelled val) | 0.1 | 1 | 2/3 | 1/2 | 3/5 |",
+    assert lines[4:] == ["| p | feddf-published (labelled val, 500 steps) | 0.1 | 1 | 2/3 | 1/2 | 3/5 |",
                          "| g | fedgo | 0.1 | 0 | 1/2 | 2/2 | 3/4 |"]
     assert kept_table([plain], 3).startswith("no record chooses")

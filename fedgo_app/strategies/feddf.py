@@ -83,10 +83,12 @@ class FedDF(EnsembleDistillation):
 
 
 def row_name(config) -> str:
-    """FedDF's published update is its own row, which says when it read labelled data."""
+    """FedDF's published update is its own row, whose name says what it has beyond the others:
+    labelled data when it read some, and its own step budget a round."""
     if not config.get("feddf-published"):
         return "feddf"
-    return "feddf-published" + (" (labelled val)" if config.get("val-size") else "")
+    steps = f"{config.get('feddf-steps', FedDFKeys.steps)} steps"
+    return f"feddf-published ({'labelled val, ' if config.get('val-size') else ''}{steps})"
 
 
 FEDDF = StrategySpec("feddf", FedDF, ENSEMBLE_CLIENT, keys=FedDFKeys, reads=READS, marks=MARKS,
