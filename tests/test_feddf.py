@@ -125,6 +125,8 @@ def test_labels_name_what_departs_from_the_paper():
         "fedgo[beta=4, probabilities]"
     assert label(rec(strategy="feddf", **{"feddf-published": True, "val-size": 1000})) == \
         "feddf-published (labelled val, 500 steps)"
+    assert label(rec(strategy="feddf", **{"feddf-published": True, "feddf-steps": 200})) == \
+        "feddf-published (200 steps)"  # its own budget, no labels read
     assert label(rec(strategy="feddf", **{"distill-schedule": "constant"})) == "feddf[constant lr]"
     assert label(rec(strategy="fedprox", **{"fedprox-base": "fedavg"})) == "fedprox"
     assert label(rec(strategy="fedprox", **{"fedprox-base": "fedgo", "odds-beta": 2.0})) == \
