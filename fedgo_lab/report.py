@@ -535,11 +535,18 @@ def rounds_figure(records: list[dict], metric: str = "server_test_acc", by=label
             panels[alpha][by(rec)].append(rec)
     names = sorted({name for groups in panels.values() for name in groups})
     levels = {by(rec) for rec in records if rec["config"]["strategy"] == CENTRAL}  # black
-    colours = {name: f"C{i % 10}" for i, name in enumerate(n for n in names if n not in levels)}
+    lines = [n for n in names if n not in levels]
+    palette = ([f"C{i}" for i in range(10)] if len(lines) <= 10
+               else plt.get_cmap("tab20").colors)  # a colour a line up to 20 lines
+    colours = {name: palette[i % len(palette)] for i, name in enumerate(lines)}
     counts = {name: [len(g[name]) for g in panels.values() if name in g] for name in names}
     legend = {name: f"{name} (n={'/'.join(map(str, n)) if len(set(n)) > 1 else n[0]})"
               for name, n in counts.items()}  # records per panel, once when all agree
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.0 + 5.4 * len(panels), 4.2),
+    # the legend goes under the panels, where long option names do not squeeze them
+    columns = 1 if len(panels) == 1 else 2
+    legend_inches = 0.2 + 0.2 * -(-len(names) // columns)
+    fig, axes = plt.subplots(1, len(panels), figsize=(0.6 + 5.4 * len(panels),
+                                                      4.2 + legend_inches),
                              sharey=True, squeeze=False)
     title = title or metric.replace("_", " ")
     for ax, (alpha, groups) in zip(axes[0], panels.items()):
@@ -566,14 +573,14 @@ def rounds_figure(records: list[dict], metric: str = "server_test_acc", by=label
     axes[0][0].set_ylabel(metric.replace("_", " ") + " (%)")
     if len(panels) > 1:
         fig.suptitle(title)
-    # one legend for every panel, beside the last one
+    # one legend for every panel
     handles = {}
     for ax in axes[0]:
         for handle, name in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(name, handle)
-    axes[0][-1].legend(handles.values(), handles.keys(), loc="center left",
-                       bbox_to_anchor=(1.01, 0.5), fontsize=8)
-    fig.tight_layout()
+    fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=columns,
+               fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, legend_inches / fig.get_figheight(), 1, 1))
     return fig
 
 
@@ -584,7 +591,7 @@ def plot_rounds(records: list[dict], path: Path, metric: str = "server_test_acc"
 
     fig = rounds_figure(records, metric, by, title)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")  # the whole legend, however wide
     plt.close(fig)
     return path
 

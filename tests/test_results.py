@@ -84,8 +84,11 @@ def test_plot_of_two_alphas_has_a_panel_per_alpha_with_integer_rounds(tmp_path):
         assert ticks and all(float(t).is_integer() for t in ticks), ticks
         # this panel's curve is the mean of this alpha's two seeds only, in %
         assert ax.get_lines()[1].get_ydata()[-1] == pytest.approx(100 * (0.2 + alpha + 0.005))
-    labels = axes[-1].get_legend().get_texts()
-    assert [t.get_text() for t in labels][1:] == ["fedavg (n=2)", "fedgo (n=2)"]
+    (legend,) = fig.legends  # one for both panels, under them: long names squeeze no panel
+    assert [t.get_text() for t in legend.get_texts()][1:] == ["fedavg (n=2)", "fedgo (n=2)"]
+    fig.canvas.draw()
+    below = legend.get_window_extent().y1
+    assert all(below <= ax.get_tightbbox().y0 for ax in axes)
     path = plot_rounds([*recs, central], tmp_path / "two.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
