@@ -5,8 +5,9 @@ A FedDF client trains as FedAvg's does (Flower's own `train` handler); a client 
 `FedProx` adds `proximal_term` to its loss. FedGO's server sends
 message type `train.discriminator` once (Algorithm 3); DaFKD's sends `train.dafkd` instead of
 `train` every round, FedGen's `train.fedgen`, FedBPG's `train.fedbpg` and, for its clients'
-personal models, `evaluate.fedbpg` instead of `evaluate`. docs/protocol.md lists every message
-and record key."""
+personal models, `evaluate.fedbpg` instead of `evaluate`. The distillation guard's
+`ClientsGuard` sends `evaluate.candidates`; `client_key="partition-id"` sends
+`query.partition` once a node. docs/protocol.md lists every message and record key."""
 
 from __future__ import annotations
 
@@ -17,14 +18,17 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 from torch import nn
 
+from fedgo_flwr.guard import EVALUATE_CANDIDATES, evaluate_candidates
+from fedgo_flwr.sampling import QUERY_PARTITION, partition_reply
 from fedgo_flwr.strategies.dafkd import TRAIN_DAFKD, domain_aware_update
 from fedgo_flwr.strategies.fedbpg import (EVALUATE_FEDBPG, TRAIN_FEDBPG, personalised_evaluate,
                                           personalised_update)
 from fedgo_flwr.strategies.fedgen import TRAIN_FEDGEN, generated_feature_update
 from fedgo_flwr.strategies.fedgo import TRAIN_DISCRIMINATOR, discriminator_update
 
-__all__ = ["discriminator_update", "domain_aware_update", "generated_feature_update",
-           "personalised_evaluate", "personalised_update", "proximal_term", "register"]
+__all__ = ["discriminator_update", "domain_aware_update", "evaluate_candidates",
+           "generated_feature_update", "partition_reply", "personalised_evaluate",
+           "personalised_update", "proximal_term", "register"]
 
 
 def proximal_term(model: nn.Module, anchor: list[torch.Tensor], mu: float) -> torch.Tensor:
@@ -38,8 +42,8 @@ def register(app: ClientApp, *, model_fn: Callable[[], nn.Module],
              data_fn: Callable[[Context], object],
              device: str | torch.device | None = None,
              test_data_fn: Callable[[Context], object] | None = None) -> None:
-    """Add the handlers of FedGO's, DaFKD's, FedGen's and FedBPG's own messages to `app`,
-    beside its train and evaluate handlers.
+    """Add the handlers of FedGO's, DaFKD's, FedGen's and FedBPG's own messages, the
+    guard's and the partition query's to `app`, beside its train and evaluate handlers.
 
     Parameters
     ----------
@@ -78,7 +82,14 @@ def register(app: ClientApp, *, model_fn: Callable[[], nn.Module],
         return personalised_evaluate(message, model_fn(), data_fn(context), context.state,
                                      test_data=test, device=where())
 
+    def candidates(message: Message, context: Context) -> Message:
+        return evaluate_candidates(message, model_fn, data_fn(context), device=where())
+
+    def partition(message: Message, context: Context) -> Message:
+        return partition_reply(message, context.node_config)
+
     for message_type, handler in ((TRAIN_DISCRIMINATOR, discriminator),
+                                  (EVALUATE_CANDIDATES, candidates), (QUERY_PARTITION, partition),
                                   (TRAIN_DAFKD, dafkd), (TRAIN_FEDGEN, fedgen),
                                   (TRAIN_FEDBPG, fedbpg_train),
                                   (EVALUATE_FEDBPG, fedbpg_evaluate)):

@@ -36,7 +36,7 @@ from fedgo_flwr.gan import (Negatives, calibrate_discriminator, generator_negati
 from fedgo_app.generator_cache import generator_description, load_generator, save_generator
 from fedgo_flwr.models import Critic, create_classifier
 from fedgo_flwr.seeds import client_seed, round_seed
-from fedgo_app.server.clients import sample_partitions
+from fedgo_flwr.sampling import sample_clients
 from fedgo_app.strategies.base import ClientModel, weighted_average
 from fedgo_app.generators import new_generator
 from fedgo_app.strategies.fedgo import new_local_discriminator, server_sample
@@ -162,7 +162,7 @@ def sweep(cfg: Config, alphas, num_clients, generator_steps, discriminator_epoch
     needs_g = any(VARIANTS[v][0] == "generator" for v in variants)
     gens = generators(cfg, u, sorted(set(generator_steps)), device) if needs_g else {}
     say(f"generators ready ({time.perf_counter() - start:.0f} s)")
-    pids = sample_partitions(list(range(num_clients)), cfg.fraction_train, cfg.seed, 1)
+    pids = sample_clients(list(range(num_clients)), cfg.fraction_train, cfg.seed, 1)
     rows = []
     for alpha in alphas:
         acfg = cfg.replace(alpha=alpha)

@@ -1,7 +1,8 @@
 """The example app as a Flower user runs it: copied out of the repository, with the wheel
 built from this repository installed into an environment of its own (nothing else of the
-repository on its path), through a real `flwr run` in simulation; and with FedGO swapped for
-FedDF and DaFKD by the one line the example says to change."""
+repository on its path), through a real `flwr run` in simulation, running the README's best
+row by the one line the example says to change; and with FedGO swapped for FedDF and DaFKD by
+the other."""
 
 import json
 import os
@@ -20,6 +21,7 @@ from test_flwr_run import _free_port, _status, _superlink_pids
 
 EXAMPLE = REPO / "examples" / "quickstart-fedgo"
 THE_LINE = "from fedgo_flwr import FedGO as Strategy\n"
+PRESET_LINE = "from fedgo_flwr.presets import AS_PUBLISHED as PRESET\n"
 NODES = 3
 
 
@@ -70,14 +72,16 @@ def superlink_env(user_env, tmp_path_factory):
         os.kill(pid, signal.SIGTERM)
 
 
-def _example(tmp_path, strategy: str) -> tuple[Path, Path, Path]:
-    """The example copied out, its one line set to `strategy`; tiny data beside it."""
+def _example(tmp_path, strategy: str, preset: str = "AS_PUBLISHED") -> tuple[Path, Path, Path]:
+    """The example copied out, its one line set to `strategy` (or its preset line to
+    `preset`); tiny data beside it."""
     app = tmp_path / "quickstart-fedgo"
     shutil.copytree(EXAMPLE, app, ignore=shutil.ignore_patterns("__pycache__"))
     server = app / "fedgo_example" / "server_app.py"
     source = server.read_text()
-    assert source.count(THE_LINE) == 1
-    server.write_text(source.replace(THE_LINE, THE_LINE.replace("FedGO", strategy)))
+    assert source.count(THE_LINE) == 1 and source.count(PRESET_LINE) == 1
+    source = source.replace(THE_LINE, THE_LINE.replace("FedGO", strategy))
+    server.write_text(source.replace(PRESET_LINE, PRESET_LINE.replace("AS_PUBLISHED", preset)))
     data, out = tmp_path / "data", tmp_path / "out"
     write_tiny_fmnist(data / "FashionMNIST" / "raw", n_train=600, n_test=100)
     return app, data, out
@@ -89,13 +93,13 @@ OVERRIDES = {"num-server-rounds": 2, "server-size": 150, "fraction-train": 1.0,
              "fedgo.discriminator-width": 8, "dafkd.gan-rounds": 1, "dafkd.generator-width": 8}
 
 
-def _check_result(out: Path, strategy: str) -> None:
+def _check_result(out: Path, strategy: str, trained: int = NODES) -> dict:
     result = json.loads((out / "result.json").read_text())
     assert result["strategy"] == strategy
     assert sorted(result["train"]) == ["1", "2"]
     for metrics in result["train"].values():
         # the clients' loss: the example's train handler's, or DaFKD's own client step's
-        assert metrics["distill-teachers"] == NODES
+        assert metrics["distill-teachers"] == trained
         assert {"train_loss", "train-loss"} & set(metrics)
         if strategy == "FedGO":  # the pre-FL stage's discriminator from every node
             assert metrics["discriminators"] == NODES
@@ -103,14 +107,29 @@ def _check_result(out: Path, strategy: str) -> None:
     assert sorted(evaluations) == ["0", "1", "2"]
     assert evaluations["2"]["loss"] != evaluations["0"]["loss"]  # the model moved
     assert (out / "final_model.pt").is_file()
+    return result
+
+
+# The best row: 2 of the 3 nodes train, the third judges the distilled model (the guard).
+BEST_ROW = {"fraction-train": 0.5}
+
+
+def _check_best_row(out: Path) -> None:
+    result = _check_result(out, "FedGO", trained=2)
+    assert result["preset"] == ["budget_probe", "calibration_fraction", "distill_budget",
+                                "ensemble_space", "guard", "past_teachers", "proximal_mu"]
+    for t, metrics in result["train"].items():
+        assert metrics["guard-kept-distilled"] in (0, 1)  # the third node's choice
+        assert 0 <= metrics["disagreement"] <= 1  # the budget
+        assert metrics["past-teachers"] == int(t) - 1  # the global models so far
 
 
 @pytest.mark.e2e(seconds=95)
-def test_the_example_runs_from_the_wheel_with_a_real_flwr_run(user_env, superlink_env,
-                                                               tmp_path):
-    app, data, out = _example(tmp_path, "FedGO")
+def test_the_example_runs_the_best_row_from_the_wheel_with_a_real_flwr_run(
+        user_env, superlink_env, tmp_path):
+    app, data, out = _example(tmp_path, "FedGO", "BEST_ROW")
     overrides = " ".join([f"data-dir='{data}'", f"output-dir='{out}'",
-                          *(f"{k}={v}" for k, v in OVERRIDES.items())])
+                          *(f"{k}={v}" for k, v in {**OVERRIDES, **BEST_ROW}.items())])
     # The local SuperLink the run starts, and its processes, start in the run's folder: one
     # that outlives the test's own (removed when it passes), as the SuperLink does.
     here = Path(superlink_env["FLWR_HOME"])
@@ -121,14 +140,14 @@ def test_the_example_runs_from_the_wheel_with_a_real_flwr_run(user_env, superlin
     log = run.stdout + run.stderr
     assert run.returncode == 0, log[-3000:]
     assert _status(superlink_env, here, log) == "finished:completed", log[-3000:]
-    _check_result(out, "FedGO")
+    _check_best_row(out)
 
 
-# The one line swapped to FedDF or DaFKD runs the example's own ServerApp and ClientApp on the
-# in-process grid (every message through Flower's serialisation): the real runtime's part
-# is the same as FedGO's, above.
+# FedGO as published, and the one line swapped to FedDF or DaFKD, run the example's own
+# ServerApp and ClientApp on the in-process grid (every message through Flower's
+# serialisation): the real runtime's part is the same as the best row's, above.
 @pytest.mark.app
-@pytest.mark.parametrize("strategy", ["FedDF", "DaFKD"])
+@pytest.mark.parametrize("strategy", ["FedGO", "FedDF", "DaFKD"])
 def test_the_examples_one_line_swaps_fedgo_for_feddf_or_dafkd(strategy, tmp_path,
                                                                monkeypatch):
     import tomllib

@@ -13,7 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from client_app.app import app as client_app
-from fedgo_app.server.replies import reply_problem, scores_problem
+from fedgo_app.server.replies import reply_problem
+from fedgo_flwr.guard import scores_problem
 from fedgo_lab.inprocess import InProcessGrid
 from server_app.app import run
 

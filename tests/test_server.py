@@ -343,10 +343,10 @@ def test_feddf_diagnostics_score_the_rules_that_need_no_discriminator(tiny_confi
 
 def test_a_round_trains_two_clients_even_when_c_times_k_is_one(tiny_config, caplog):
     """Flower's default federation has 2 SuperNodes: C = 0.4 must still make an ensemble."""
-    from fedgo_app.server.clients import sample_partitions
-    assert len(sample_partitions([0, 1], 0.4, seed=0, server_round=1)) == 2
-    assert sample_partitions([0, 1, 2], 0.1, 0, 1, absent=frozenset({1})) == [0, 2]
-    assert len(sample_partitions(list(range(20)), 0.4, 0, 1)) == 8  # floor(C K) above two
+    from fedgo_flwr.sampling import sample_clients
+    assert len(sample_clients([0, 1], 0.4, seed=0, server_round=1)) == 2
+    assert sample_clients([0, 1, 2], 0.1, 0, 1, absent=frozenset({1})) == [0, 2]
+    assert len(sample_clients(list(range(20)), 0.4, 0, 1)) == 8  # floor(C K) above two
     with caplog.at_level(logging.INFO):
         record, _ = _run(tiny_config.replace(fraction_train=0.1), num_partitions=2)
     assert all(len(r["clients"]) == 2 for r in record["rounds"][1:])

@@ -7,7 +7,6 @@ keyed by the partition id that each node reports, so one seed reproduces a run.
 
 from __future__ import annotations
 
-import math
 import statistics
 import time
 from dataclasses import dataclass
@@ -211,17 +210,6 @@ def query_nodes(mailbox: Mailbox, nodes: list[int], timeout: float,
                          str(model["name"]) if model else "")
     return answers
 
-
-
-def sample_partitions(partition_ids: list[int], fraction: float, seed: int,
-                      server_round: int, absent: frozenset[int] = frozenset()) -> list[int]:
-    """A_t: floor(C * K) partitions (at least MIN_CLIENTS), drawn by (seed, round) alone from
-    those not `absent` (all of them but the absent ones when fewer are left)."""
-    m = max(MIN_CLIENTS, math.floor(fraction * len(partition_ids)))
-    present = [p for p in partition_ids if p not in absent]
-    rng = torch.Generator().manual_seed(seed * 100_003 + server_round)
-    pick = torch.randperm(len(present), generator=rng)[:m]
-    return sorted(present[i] for i in pick.tolist())
 
 
 def config_record(**values) -> ConfigRecord:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 import torch
-from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, Message, MetricRecord
 
 
 def reply_problem(reply: Message, array_key: str, template: dict[str, torch.Tensor],
@@ -31,23 +31,6 @@ def count_problem(n) -> str | None:
     return None
 
 
-def scores_problem(reply: Message, names: list[str]) -> str | None:
-    """Why a reply to evaluate.candidates cannot be used, or None: metrics with num-examples
-    > 0 and, for each candidate name, '<name>-acc' in [0, 1]."""
-    if reply.has_error():
-        return f"error reply: {reply.error.reason}"
-    metrics = reply.content.metric_records.get("metrics")
-    if not isinstance(metrics, MetricRecord):
-        return "no MetricRecord 'metrics'"
-    if why := count_problem(metrics.get("num-examples")):
-        return why
-    for name in names:
-        acc = metrics.get(f"{name}-acc")
-        if not isinstance(acc, (int, float)) or not 0 <= acc <= 1:
-            return f"'{name}-acc' missing or not in [0, 1] ({acc!r})"
-    return None
-
-
 def arrays_problem(reply: Message, array_key: str,
                    template: dict[str, torch.Tensor]) -> str | None:
     """Why the reply's ArrayRecord `array_key` does not fit `template` (names, shapes, finite
@@ -64,16 +47,3 @@ def arrays_problem(reply: Message, array_key: str,
         if ref.is_floating_point() and not torch.isfinite(torch.from_numpy(arrays[name].numpy())).all():
             return f"tensor '{name}' has non-finite values"
     return None
-
-
-def payload_bytes(contents: list[Message | RecordDict]) -> int:
-    """Bytes of every ArrayRecord in these messages (error replies carry none) or contents;
-    replies are counted as they arrived, before any is checked."""
-    total = 0
-    for item in contents:
-        if isinstance(item, Message):
-            if item.has_error():
-                continue
-            item = item.content
-        total += sum(a.count_bytes() for a in item.array_records.values())
-    return total

@@ -33,11 +33,14 @@ from fedgo_flwr.models import create_classifier, require_feature_space
 from fedgo_flwr.seeds import client_seed, round_seed
 from fedgo_flwr.strategies.base import ServerUpdateFedAvg
 from fedgo_app.server.clients import (MIN_CLIENTS, Client, ClientDirectory, classes_problem,
-                                       config_record, discover_clients, query_nodes,
-                                       sample_partitions)
+                                       config_record, discover_clients, query_nodes)
+from fedgo_flwr.sampling import sample_clients
 from fedgo_app.server.mailbox import Mailbox
 from fedgo_app.server.record import RunRecord, round_line
-from fedgo_app.server.replies import payload_bytes, reply_problem, scores_problem
+from fedgo_app.server.replies import reply_problem
+from fedgo_flwr.replies import payload_bytes
+from fedgo_flwr.guard import EVALUATE_CANDIDATES, scores_problem
+from fedgo_flwr.guard import evaluate_candidates as evaluate_library_candidates
 from fedgo_app.strategies.registry import StrategySpec
 from fedgo_flwr.strategies.label_counts import label_counts_problem
 from fedgo_flwr.teachers import server_autocast
@@ -312,8 +315,8 @@ class FedAvgStrategy(ServerUpdateFedAvg):
         """Flower's round `server_round` of this `start` is the run's round offset + it."""
         server_round = self.current_round = server_round + self.offset
         self.refresh(grid, server_round)
-        pids = sample_partitions(self.clients.partition_ids, self.cfg.fraction_train,
-                                 self.cfg.seed, server_round, frozenset(self.absent))
+        pids = sample_clients(self.clients.partition_ids, self.cfg.fraction_train,
+                             self.cfg.seed, server_round, MIN_CLIENTS, self.absent)
         self._sampled = {self.clients.by_partition[p].node_id: p for p in pids}
         entry = self.record.round(server_round)
         entry["clients"] = pids
@@ -635,17 +638,15 @@ def evaluate_local(message: Message, local: Local) -> Message:
 
 
 def evaluate_candidates(message: Message, local: Local) -> Message:
-    """Each classifier the server sent (one ArrayRecord per candidate) scored on S_k:
-    '<name>-acc' and '<name>-loss' (the distillation guard)."""
-    metrics = {"num-examples": len(local.y)}
-    for name in message.content.array_records:
-        acc, loss = evaluate(local.classifier(message, name), local.x, local.y,
-                             device=local.device)
-        metrics.update({f"{name}-acc": acc, f"{name}-loss": loss})
-    return reply(message, metrics)
+    """The guard's question (fedgo_flwr.guard): each classifier the server sent scored on
+    S_k, in this client's architecture."""
+    c, h, _ = local.image_shape
+    return evaluate_library_candidates(
+        message, lambda: create_classifier(local.model or local.cfg.model, c,
+                                           local.num_classes, h),
+        (local.x, local.y), device=local.device)
 
 
-EVALUATE_CANDIDATES = "evaluate.candidates"
 CLIENT = {"query": info, "train": train, "evaluate": evaluate_local,
           EVALUATE_CANDIDATES: evaluate_candidates}
 FEDAVG = StrategySpec("fedavg", FedAvgStrategy, CLIENT)

@@ -39,7 +39,9 @@ from fedgo_flwr.gan import draw_images
 from fedgo_flwr.models import Generator
 from fedgo_flwr.seeds import round_seed
 from fedgo_app.server.record import RunRecord
-from fedgo_app.server.replies import payload_bytes, scores_problem
+from fedgo_flwr.replies import payload_bytes
+from fedgo_flwr.guard import kept as guard_choice
+from fedgo_flwr.guard import scores_problem, weighted_accuracy
 from fedgo_app.strategies.base import (CLIENT, EVALUATE_CANDIDATES, ClientModel,
                                         FedAvgStrategy, ServerSetup)
 from fedgo_app.strategies.fedgan import TRAIN_FEDGAN, fedgan_generator, fedgan_update
@@ -406,7 +408,7 @@ class EnsembleDistillation(FedAvgStrategy):
             acc, entry = self.clients_score(server_round, candidates)
             judges = f"partitions {entry['scored']}"
         usable = not any(math.isnan(a) for a in acc.values())
-        kept = "averaged" if usable and acc["averaged"] >= acc["distilled"] else "distilled"
+        kept = guard_choice(acc)
         entry = self.record.round(server_round)["guard"] = {
             **entry, "averaged_acc": acc["averaged"], "distilled_acc": acc["distilled"],
             "kept": kept}
@@ -453,7 +455,5 @@ class EnsembleDistillation(FedAvgStrategy):
                 rejected[str(pid)] = why
                 continue
             scored[pid] = dict(r.content.metric_records["metrics"])
-        n = sum(m["num-examples"] for m in scored.values())
-        acc = {name: sum(m["num-examples"] * m[f"{name}-acc"] for m in scored.values()) / n
-               if n else float("nan") for name in content}
+        acc = weighted_accuracy(list(scored.values()), content)
         return acc, {"clients": pids, "scored": sorted(scored), "rejected": rejected}

@@ -21,8 +21,9 @@ from fedgo_flwr.gan import train_wgan_gp
 from fedgo_app.generators import new_generator
 from fedgo_flwr.models import Critic, Generator
 from fedgo_flwr.seeds import client_seed, round_seed
-from fedgo_app.server.clients import config_record, sample_partitions
-from fedgo_app.server.replies import payload_bytes
+from fedgo_app.server.clients import config_record
+from fedgo_flwr.sampling import sample_clients
+from fedgo_flwr.replies import payload_bytes
 from fedgo_app.strategies.base import ClientModel, weighted_average
 
 TRAIN_FEDGAN = "train.fedgan"
@@ -40,8 +41,8 @@ def fedgan_generator(strategy, grid) -> Generator:
     critic = Critic(c, h, cfg.generator_width)
     start, stage = time.perf_counter(), {"rounds": []}
     for t in range(1, cfg.fedgan_rounds + 1):
-        pids = sample_partitions(strategy.clients.partition_ids, cfg.fraction_train,
-                                 round_seed(cfg.seed, 0), t, frozenset(strategy.absent))
+        pids = sample_clients(strategy.clients.partition_ids, cfg.fraction_train,
+                              round_seed(cfg.seed, 0), t, absent=strategy.absent)
         expected = {strategy.clients.by_partition[p].node_id: p for p in pids}
         content = RecordDict({
             GENERATOR: ArrayRecord(generator.state_dict()),

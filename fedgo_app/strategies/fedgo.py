@@ -29,7 +29,7 @@ from fedgo_flwr.models import Discriminator, generator_fits
 from fedgo_flwr.seeds import client_seed
 from fedgo_app.server.clients import config_record
 from fedgo_app.server.record import RunRecord
-from fedgo_app.server.replies import payload_bytes
+from fedgo_flwr.replies import payload_bytes
 from fedgo_app.strategies.base import ClientModel, ServerSetup
 from fedgo_app.strategies.ensemble import ENSEMBLE_CLIENT, MARKS, READS, EnsembleDistillation
 from fedgo_app.strategies.registry import StrategySpec

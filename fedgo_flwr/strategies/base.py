@@ -3,12 +3,16 @@ documents it, after the method's pre-FL stage; train replies checked one by one,
 one left out of its round with the reason logged (Flower's `FedAvg` would end the run); the
 usable ones averaged by n_k as FedAvg averages them (or combined by `aggregate_fn`); then the
 method's server update. A method names the arrays and metrics its replies carry besides
-FedAvg's, and the message type its clients answer."""
+FedAvg's, and the message type its clients answer.
+
+The seams an app plugs into, each a constructor argument: reproducible sampling over stable
+client keys (`client_key`, fedgo_flwr.sampling), the n_k a reply is weighted by
+(`num_examples_fn`), the combination (`aggregate_fn`), FedProx's clients under any server
+(`proximal_mu`) and round observers (`observers`, each given a `RoundReport`)."""
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
 from logging import INFO, WARNING
@@ -18,9 +22,11 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Result
-from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
+from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords, sample_nodes
 from torch import nn
 
+from fedgo_flwr.replies import examples_problem, payload_bytes, state_problem
+from fedgo_flwr.sampling import ClientKeys, sample_clients
 from fedgo_flwr.seeds import client_seed
 from fedgo_flwr.train import resolve_device
 
@@ -28,41 +34,19 @@ from fedgo_flwr.train import resolve_device
 @dataclass
 class ClientModel:
     """theta_k^t of one usable train reply: its node, n_k, the model and the metrics FedAvg
-    averages (`content`), every metric it sent, and the other arrays the strategy asked for
-    (DaFKD's discriminator head and generator)."""
+    averages (`content`), every metric it sent, the other arrays the strategy asked for
+    (DaFKD's discriminator head and generator) and the client's stable key (`client_key`;
+    the node id by default)."""
     node_id: int
     num_examples: int
     content: RecordDict
     metrics: dict = field(default_factory=dict)
     extras: dict[str, ArrayRecord] = field(default_factory=dict)
+    key: object = None
 
     @property
     def state(self) -> dict[str, torch.Tensor]:
         return next(iter(self.content.array_records.values())).to_torch_state_dict()
-
-
-def state_problem(arrays: ArrayRecord | None, template: dict[str, torch.Tensor]) -> str | None:
-    """Why `arrays` cannot be loaded as a model shaped like `template`, or None."""
-    if arrays is None:
-        return "no ArrayRecord"
-    state = arrays.to_torch_state_dict()
-    if set(state) != set(template):
-        missing, unexpected = sorted(set(template) - set(state)), sorted(set(state) - set(template))
-        return (f"array names differ from the model's (missing {missing[:3]}, unexpected "
-                f"{unexpected[:3]})")
-    for name, t in template.items():
-        if state[name].shape != t.shape:
-            return f"{name} has shape {tuple(state[name].shape)}, expected {tuple(t.shape)}"
-        if state[name].is_floating_point() and not torch.isfinite(state[name]).all():
-            return f"{name} holds NaN or infinite values"
-    return None
-
-
-def examples_problem(metrics: MetricRecord | None, key: str) -> str | None:
-    value = None if metrics is None else metrics.get(key)
-    if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        return f"metric {key!r} is {value!r}, not a positive number"
-    return None
 
 
 def retyped(messages: Iterable[Message], message_type: str, arrays: dict[str, ArrayRecord],
@@ -87,6 +71,26 @@ def message_seed(message: Message) -> int:
     return client_seed(int(conf.get("seed", 0)), message.metadata.dst_node_id % 100_000)
 
 
+@dataclass
+class RoundReport:
+    """What one round computed, for the strategy's `observers` (records, diagnostics): the
+    clients sampled (node id -> key), the usable models (in key order) and why each other
+    reply was left out, the average and the new global model (None: the round changed
+    nothing), the round's metrics, and what the server update adds (`details`: the ensemble
+    strategies' teachers, weighting rule, pseudo-labels, candidates and the guard's choice),
+    seconds by stage and bytes each way."""
+    server_round: int
+    sampled: dict[int, object]
+    clients: list[ClientModel]
+    left_out: dict[int, str]
+    averaged: ArrayRecord | None
+    arrays: ArrayRecord | None
+    metrics: dict
+    details: dict = field(default_factory=dict)
+    seconds: dict = field(default_factory=dict)
+    bytes: dict = field(default_factory=dict)
+
+
 class ServerUpdateFedAvg(FedAvg):
     """Flower's FedAvg, then a method's server update on the average.
 
@@ -95,13 +99,27 @@ class ServerUpdateFedAvg(FedAvg):
     model_fn : Callable[[], nn.Module]
         Builds the global model (the architecture of `initial_arrays`).
     seed : int (default: 0)
-        Seeds what the server draws (distillation batches, generators).
+        Seeds what the server draws: the clients of each round (fedgo_flwr.sampling: the
+        same clients a round for one seed), distillation batches, generators.
     device : str | torch.device | None (default: None)
         Where the server computes: None picks CUDA when visible, else the CPU.
     aggregate_fn : Callable[[list[RecordDict], str], ArrayRecord] | None (default: None)
         How the round's usable client models are combined, given their replies' contents and
         `weighted_by_key`: None is FedAvg's n_k-weighted mean (Flower's
         `aggregate_arrayrecords`); a robust rule of your own goes here.
+    client_key : Callable[[int], Hashable] | str | None (default: None)
+        What a client is known by, for sampling and the order of the round's models: None,
+        its node id; "partition-id", the partition id each node reports once from its
+        `node_config` (`fedgo_flwr.client.register` answers); or a function of the node id.
+    num_examples_fn : Callable[[key, int], int] | None (default: None)
+        n_k, given the client's key and the `num-examples` its reply reports: None takes the
+        report as it is; a policy of your own (a cap, a count known beforehand) goes here.
+    proximal_mu : float (default: 0.0)
+        Above 0, sent as "proximal-mu" in every train config, as Flower's `FedProx` sends
+        it: the clients add FedProx's term (`fedgo_flwr.client.proximal_term`), under this
+        strategy's server.
+    observers : Iterable[Callable[[RoundReport], None]] (default: ())
+        Called with each round's `RoundReport` once the round is aggregated.
     **kwargs
         Every keyword Flower's `FedAvg` takes (fraction_train, min_available_nodes, ...).
     """
@@ -111,11 +129,22 @@ class ServerUpdateFedAvg(FedAvg):
     def __init__(self, *, model_fn: Callable[[], nn.Module], seed: int = 0,
                  device: str | torch.device | None = None,
                  aggregate_fn: Callable[[list[RecordDict], str], ArrayRecord] | None = None,
+                 client_key: Callable[[int], Hashable] | str | None = None,
+                 num_examples_fn: Callable[[object, int], int] | None = None,
+                 proximal_mu: float = 0.0,
+                 observers: Iterable[Callable[[RoundReport], None]] = (),
                  **kwargs) -> None:
         super().__init__(**kwargs)
+        if not (isinstance(proximal_mu, (int, float)) and proximal_mu >= 0):
+            raise ValueError(f"proximal_mu is {proximal_mu!r}; allowed: a number >= 0")
         self.model_fn, self.seed = model_fn, seed
         self.device = resolve_device(str(device)) if device is not None else resolve_device()
         self.aggregate_fn = aggregate_fn or aggregate_arrayrecords
+        self.client_keys = ClientKeys(client_key)
+        self.num_examples_fn = num_examples_fn
+        self.proximal_mu = float(proximal_mu)
+        self.observers = list(observers)
+        self.sampled: dict[int, object] = {}  # node id -> key, this round's A_t
         self.num_rounds = 1  # set by start(): a schedule's T
 
     @cached_property
@@ -143,6 +172,30 @@ class ServerUpdateFedAvg(FedAvg):
         """What runs before round 1 (FedGO: generator out, discriminators back)."""
 
     # --- the round
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        """FedAvg's, with A_t drawn by the seed and the round over the clients' keys
+        (fedgo_flwr.sampling) and `proximal_mu` in the config."""
+        self.grid = grid  # what the guard and late stages send through
+        if self.fraction_train == 0.0:
+            return []
+        _, nodes = sample_nodes(grid, self.min_available_nodes, 0)
+        keys = self.client_keys.keys(grid, nodes)
+        by_key = {k: n for n, k in keys.items()}
+        chosen = sample_clients(by_key, self.fraction_train, self.seed, server_round,
+                                self.min_train_nodes)
+        self.sampled = {by_key[k]: k for k in chosen}
+        log(INFO, "configure_train: sampled clients %s (of %d)", chosen, len(by_key))
+        config["server-round"] = server_round
+        if self.proximal_mu:
+            config["proximal-mu"] = self.proximal_mu
+        record = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: config})
+        return [Message(record, dst_node_id=n, message_type="train") for n in self.sampled]
+
+    def key_of(self, node_id: int) -> object:
+        """The client's stable key (the node id where none is known)."""
+        return self.sampled.get(node_id, node_id)
+
     def extra_arrays(self, server_round: int) -> tuple[str, ...]:
         """The ArrayRecords a train reply carries besides the model (DaFKD's)."""
         return ()
@@ -163,42 +216,57 @@ class ServerUpdateFedAvg(FedAvg):
                       ) -> list[ClientModel]:
         """The usable train replies; each other is logged with why it is left out."""
         models, seen, extras = [], set(), self.extra_arrays(server_round)
+        self.left_out: dict[int, str] = {}
         for reply in replies:
             node = reply.metadata.src_node_id
             why = ("failed: " + str(reply.error.reason) if reply.has_error()
                    else "duplicate reply" if node in seen else self.reply_problem(reply, extras))
             if why:
                 log(WARNING, "train reply of node %d left out: %s", node, why)
+                self.left_out.setdefault(node, why)
                 continue
             seen.add(node)
             content = reply.content
             (name, metrics), = content.metric_records.items()
-            averaged = MetricRecord({k: v for k, v in metrics.items() if k not in self.reported})
+            key = self.key_of(node)
+            n_k = int(metrics[self.weighted_by_key])
+            if self.num_examples_fn is not None:
+                n_k = int(self.num_examples_fn(key, n_k))
+            averaged = MetricRecord({k: v for k, v in metrics.items() if k not in self.reported}
+                                    | {self.weighted_by_key: n_k})
             model = RecordDict({self.arrayrecord_key: content.array_records[self.arrayrecord_key],
                                 name: averaged})
-            models.append(ClientModel(node, int(metrics[self.weighted_by_key]), model,
-                                      dict(metrics), {k: content.array_records[k] for k in extras}))
-        return models
+            models.append(ClientModel(node, n_k, model, dict(metrics),
+                                      {k: content.array_records[k] for k in extras}, key))
+        return sorted(models, key=lambda m: m.key)
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """theta_s^t = sum_k n_k theta_k^t / sum_k n_k (or `aggregate_fn`), then the server
         update; the round's metrics: the clients' (averaged by n_k) and the update's."""
+        replies = list(replies)
         models = self.client_models(server_round, replies)
         log(INFO, "aggregate_train: %d usable client model(s)", len(models))
-        if not models:
-            return None, None
-        contents = [m.content for m in models]
-        averaged = self.aggregate_fn(contents, self.weighted_by_key)
-        metrics = self.train_metrics_aggr_fn(contents, self.weighted_by_key)
-        arrays, info = self.server_update(server_round, averaged, models)
-        for key, value in info.items():
-            metrics[key] = value
-        return arrays, metrics
+        report = RoundReport(server_round, dict(self.sampled), models, self.left_out, None,
+                             None, {}, bytes={"up": payload_bytes(replies)})
+        if models:
+            contents = [m.content for m in models]
+            report.averaged = self.aggregate_fn(contents, self.weighted_by_key)
+            metrics = self.train_metrics_aggr_fn(contents, self.weighted_by_key)
+            report.arrays, info = self.server_update(server_round, report.averaged, models,
+                                                     report)
+            for key, value in info.items():
+                metrics[key] = value
+            report.metrics = dict(metrics)
+        for observe in self.observers:
+            observe(report)
+        return (report.arrays, metrics) if models else (None, None)
 
     def server_update(self, server_round: int, averaged: ArrayRecord,
-                      models: list[ClientModel]) -> tuple[ArrayRecord, dict[str, float]]:
-        """What the server does after averaging: (the new global model, round metrics)."""
+                      models: list[ClientModel], report: RoundReport
+                      ) -> tuple[ArrayRecord, dict[str, float]]:
+        """What the server does after averaging: (the new global model, round metrics); what
+        observers should see besides goes into `report.details` and `report.seconds`."""
         return averaged, {}
 
     def load(self, state: dict[str, torch.Tensor]) -> nn.Module:

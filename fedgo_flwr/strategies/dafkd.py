@@ -180,13 +180,13 @@ class DaFKD(EnsembleDistillation):
     def extra_arrays(self, server_round: int) -> tuple[str, ...]:
         return (HEAD, GENERATOR) if self.trains_generator(server_round) else (HEAD,)
 
-    def server_update(self, server_round, averaged, models):
+    def server_update(self, server_round, averaged, models, report):
         """The heads and (in the generator rounds) G averaged by n_k, then the shared
         distillation on images of the new global G."""
         self.head.load_state_dict(self.average(models, HEAD))
         if self.trains_generator(server_round):
             self.generator.load_state_dict(self.average(models, GENERATOR))
-        return super().server_update(server_round, averaged, models)
+        return super().server_update(server_round, averaged, models, report)
 
     def distillation_set(self, server_round: int) -> torch.Tensor:
         """The round's |U| images of the global G (seeded by the round)."""

@@ -23,9 +23,10 @@ from torch import nn
 from fedgo_flwr.distill import (DISTILL_BUDGETS, ENSEMBLE_SPACES, VIEW_DRAWS,
                                 budgeted_pseudo_labels, confident_batches, cosine_lr,
                                 disagreement, distill, draw_batches, view_pseudo_labels)
+from fedgo_flwr.guard import DISTILLED, Guard, judge
 from fedgo_flwr.inputs import images_of
 from fedgo_flwr.seeds import round_seed
-from fedgo_flwr.strategies.base import ClientModel, ServerUpdateFedAvg
+from fedgo_flwr.strategies.base import ClientModel, RoundReport, ServerUpdateFedAvg
 from fedgo_flwr.teachers import PastTeachers, teacher_logits
 from fedgo_flwr.train import OPTIMIZERS
 from fedgo_flwr.weighting import WeightRule, past_member_shares, with_members
@@ -79,10 +80,23 @@ class EnsembleDistillation(ServerUpdateFedAvg):
         keeps (fedgo_flwr.distill.budgeted_pseudo_labels); 0 measures it on every image the
         full distillation meets, labelling them all.
     past_teachers : int (default: 0)
-        Not in the papers: the global models of the last P rounds as more teachers, each
+        Not in the papers: the global models of the last P rounds (each round's model as the
+        guard kept it, the one the next round's clients started from) as more teachers, each
         holding 1/(K + P) of the weight everywhere, K being the round's teachers
         (fedgo_flwr.weighting.past_member_shares); 0 keeps the round's clients alone.
-    model_fn, seed, device, aggregate_fn, **kwargs
+    averaged_share : float (default: 0.0)
+        Not in the papers: the round's average as one more teacher holding this share of the
+        weight everywhere (fedgo_flwr.weighting.with_members); 0 leaves it out.
+    guard : Guard | None (default: None)
+        Not in the papers: after distillation keep the distilled model only where it scores
+        above the average (fedgo_flwr.guard: `ClientsGuard()`, clients that did not train
+        judge; `LabelledGuard((x, y))`, the server's labelled images judge); None keeps the
+        distilled model, as the papers do.
+    distillation_sets : Callable[[int], Tensor] | None (default: None)
+        The round's distillation set: None is `unlabeled_data` every round; a function of
+        the round gives each round its own images (a set drawn from a generator, redrawn
+        each round: fedgo_flwr.gan.draw_images).
+    model_fn, seed, device, aggregate_fn, client_key, num_examples_fn, proximal_mu, observers
         As in `ServerUpdateFedAvg` (fedgo_flwr.strategies.base), and every keyword Flower's
         `FedAvg` takes.
     """
@@ -94,7 +108,10 @@ class EnsembleDistillation(ServerUpdateFedAvg):
                  ensemble_space: str = "logits", flip_views: bool = True,
                  view_draw: str = "per-pass", teacher_floor: bool = False,
                  confidence_threshold: float = 0.0, distill_budget: str = "full",
-                 budget_probe: int = 0, past_teachers: int = 0, **kwargs) -> None:
+                 budget_probe: int = 0, past_teachers: int = 0, averaged_share: float = 0.0,
+                 guard: Guard | None = None,
+                 distillation_sets: Callable[[int], torch.Tensor] | None = None,
+                 **kwargs) -> None:
         super().__init__(model_fn=model_fn, **kwargs)
         for name, value, allowed in (("distill_optimizer", distill_optimizer, OPTIMIZERS),
                                      ("distill_schedule", distill_schedule, SCHEDULES),
@@ -107,6 +124,12 @@ class EnsembleDistillation(ServerUpdateFedAvg):
             raise ValueError(f"confidence_threshold is {confidence_threshold}; allowed: [0, 1)")
         if past_teachers < 0:
             raise ValueError(f"past_teachers is {past_teachers}; allowed: >= 0")
+        if not 0 <= averaged_share < 1:
+            raise ValueError(f"averaged_share is {averaged_share}; allowed: [0, 1)")
+        if guard is not None and not callable(getattr(guard, "scores", None)):
+            raise TypeError(f"guard is a {type(guard).__name__}; allowed: None, "
+                            "fedgo_flwr.guard.ClientsGuard(), LabelledGuard(data) or an object "
+                            "with scores(strategy, server_round, candidates)")
         if budget_probe < 0 or (budget_probe and distill_budget != "disagreement"):
             raise ValueError(f"budget_probe is {budget_probe}; allowed: >= 0, and 0 unless "
                              "distill_budget is 'disagreement'")
@@ -125,6 +148,8 @@ class EnsembleDistillation(ServerUpdateFedAvg):
         self.budget_probe = budget_probe
         self.past_teachers = past_teachers
         self.past = PastTeachers(past_teachers)  # theta_s of the last rounds
+        self.averaged_share, self.guard = averaged_share, guard
+        self.distillation_sets = distillation_sets
 
     def summary(self) -> None:
         super().summary()
@@ -133,47 +158,78 @@ class EnsembleDistillation(ServerUpdateFedAvg):
             self.distill_lr, self.distill_schedule, self.ensemble_space, self.device)
 
     def server_update(self, server_round: int, averaged: ArrayRecord,
-                      models: list[ClientModel]) -> tuple[ArrayRecord, dict[str, float]]:
+                      models: list[ClientModel], report: RoundReport
+                      ) -> tuple[ArrayRecord, dict[str, float]]:
         """Pseudo-label the distillation set once with the weighted ensemble of the round's
-        teachers and distil the average toward it; returns the new global model and the
-        round's distillation metrics."""
+        teachers and distil the average toward it (then the guard, if any, keeps one of the
+        two); returns the new global model and the round's distillation metrics."""
         teachers = self.teachers(models)
         u = self.distillation_set(server_round)
         if not teachers or u is None or not len(u) or self.distill_epochs == 0:
             log(WARNING, "round %d: no teacher or nothing to distil on; the average is kept",
                 server_round)
             return averaged, {}
-        nets = [self.load(m.state) for m in teachers]
-        n_k = torch.tensor([m.num_examples for m in teachers], dtype=torch.float32)
+        student = self.load(averaged.to_torch_state_dict())
         batches = draw_batches(len(u), self.views, epochs=self.distill_epochs,
                                batch_size=self.distill_batch_size,
                                seed=round_seed(self.seed, server_round),
                                view_draw=self.view_draw)
-        student, lr = self.load(averaged.to_torch_state_dict()), self.server_lr(server_round)
+        met = sum(len(b) for b in batches)  # distill-kept: the share of them distilled on
+        targets, batches, metrics, weighting = self.pseudo_labels(
+            server_round, teachers, u, student, batches, report)
+        if self.confidence_threshold > 0:
+            batches = confident_batches(batches, targets, self.confidence_threshold)
+        lr = self.server_lr(server_round)
+        info = distill(student, u, targets, batches=batches, lr=lr, device=self.device,
+                       amp=self.device.type == "cuda", optimizer=self.distill_optimizer,
+                       momentum=self.distill_momentum)
+        log(INFO, "round %d: distilled, KL %.4f (%.1fs)", server_round, info["distill_loss"],
+            info["seconds"])
+        report.seconds["distillation"] = info["seconds"]
+        report.details.update(teachers=[m.key for m in teachers], weighting=weighting,
+                              targets=targets, distillation_set=u)
+        arrays = ArrayRecord(student.cpu().state_dict())  # not trained again: no copy
+        if self.guard is not None:
+            arrays, metrics["guard-kept-distilled"] = self.accept(server_round, averaged,
+                                                                  arrays, report)
+        if self.past_teachers:  # a teacher of the next rounds: the model they start from
+            self.past.add(arrays.to_torch_state_dict())
+        return arrays, {
+            "distill-loss": info["distill_loss"], "distill-lr": lr,
+            "distill-teachers": len(teachers), "distill-seconds": info["seconds"],
+            "distill-kept": sum(len(b) for b in batches) / met, **metrics}
+
+    def pseudo_labels(self, server_round: int, teachers: list[ClientModel], u: torch.Tensor,
+                      student: nn.Module, batches: list[torch.Tensor], report: RoundReport):
+        """y~ on every image the batches meet, once a round, by the weighted ensemble of the
+        teachers, the past global models and the average as members (`with_members`), the
+        average's own label as the floor; with the disagreement budget only on the steps it
+        keeps. Returns (targets, batches, metrics, the weighting rule)."""
+        nets = [self.load(m.state) for m in teachers]
+        n_k = torch.tensor([m.num_examples for m in teachers], dtype=torch.float32)
         amp = self.device.type == "cuda"
         past = self.past.last(self.past_teachers)
-        weighting = (with_members(self.weighting, past_member_shares(len(teachers), len(past)))
-                     if past else self.weighting)
+        shares = past_member_shares(len(teachers), len(past)) + (
+            [self.averaged_share] if self.averaged_share else [])
+        weighting = with_members(self.weighting, shares) if shares else self.weighting
+        own = (self.averaged_share > 0) + self.teacher_floor  # rows of the average's logits
 
         def scores(v: int, samples: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             logits, log_odds = self.scores(teachers, nets, u, samples, v)
-            # the past global models next (members), the average's own logits last (the
-            # floor, not a teacher)
+            rows = [logits]  # the clients', the past models', the average as member, floor
             if past:
-                logits = torch.cat([logits, self.past.logits(
-                    past, u, self.load, samples=samples, device=self.device, flip=v == 1,
-                    amp=amp)])
-            if self.teacher_floor:
-                logits = torch.cat([logits, teacher_logits(
-                    [student], u[samples], device=self.device, flip=v == 1, amp=amp)])
-            return logits, log_odds
+                rows.append(self.past.logits(past, u, self.load, samples=samples,
+                                             device=self.device, flip=v == 1, amp=amp))
+            if own:
+                rows += [teacher_logits([student], u[samples], device=self.device,
+                                        flip=v == 1, amp=amp)] * own
+            return torch.cat(rows), log_odds
 
         def label(batches: list[torch.Tensor], targets: torch.Tensor | None) -> torch.Tensor:
             return view_pseudo_labels(scores, len(u), n_k, weighting, batches,
                                       views=self.views, space=self.ensemble_space,
                                       floor=self.teacher_floor, targets=targets)
 
-        met = sum(len(b) for b in batches)  # distill-kept: the share of them distilled on
         start = time.perf_counter()
         metrics = {"past-teachers": len(past)} if self.past_teachers else {}
         if self.distill_budget == "disagreement":  # the average is the student, undistilled
@@ -182,23 +238,20 @@ class EnsembleDistillation(ServerUpdateFedAvg):
                 batches, probe=self.budget_probe)
         else:
             targets = label(batches, None)
-        labelling = time.perf_counter() - start
-        if self.confidence_threshold > 0:
-            batches = confident_batches(batches, targets, self.confidence_threshold)
-        info = distill(student, u, targets, batches=batches, lr=lr, device=self.device,
-                       amp=amp, optimizer=self.distill_optimizer,
-                       momentum=self.distill_momentum)
-        log(INFO, "round %d: %d teachers pseudo-labelled %d images (%.1fs); distilled, KL "
-            "%.4f (%.1fs)", server_round, len(teachers), len(u), labelling,
-            info["distill_loss"], info["seconds"])
-        state = student.cpu().state_dict()  # the student is not trained again: no copy
-        if self.past_teachers:  # a teacher of the next rounds
-            self.past.add(state)
-        return ArrayRecord(state), {
-            "distill-loss": info["distill_loss"], "distill-lr": lr,
-            "distill-teachers": len(teachers), "pseudo-label-seconds": labelling,
-            "distill-kept": sum(len(b) for b in batches) / met,
-            "distill-seconds": info["seconds"], **metrics}
+        report.seconds["pseudo_labelling"] = metrics["pseudo-label-seconds"] = \
+            time.perf_counter() - start
+        log(INFO, "round %d: %d teachers pseudo-labelled %d images (%.1fs)", server_round,
+            len(teachers), len(u), metrics["pseudo-label-seconds"])
+        return targets, batches, metrics, weighting
+
+    def accept(self, server_round: int, averaged: ArrayRecord, distilled: ArrayRecord,
+               report: RoundReport) -> tuple[ArrayRecord, int]:
+        """The guard's choice between the average and the distilled model (1: distilled)."""
+        start = time.perf_counter()
+        arrays, report.details["guard"] = judge(self.guard, self, server_round, averaged,
+                                                distilled)
+        report.seconds["guard"] = time.perf_counter() - start
+        return arrays, int(report.details["guard"]["kept"] == DISTILLED)
 
     # --- what a strategy changes
     def teachers(self, models: list[ClientModel]) -> list[ClientModel]:
@@ -206,7 +259,10 @@ class EnsembleDistillation(ServerUpdateFedAvg):
         return models
 
     def distillation_set(self, server_round: int) -> torch.Tensor | None:
-        """The images distilled on this round (U; DaFKD draws its own)."""
+        """The images distilled on this round (U, or `distillation_sets`'s; DaFKD draws its
+        own)."""
+        if self.distillation_sets is not None:
+            return images_of(self.distillation_sets(server_round))
         return self.u
 
     def scores(self, teachers: list[ClientModel], nets: list[nn.Module], u: torch.Tensor,

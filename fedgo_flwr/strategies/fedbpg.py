@@ -183,7 +183,7 @@ class FedBPG(LabelCountFedAvg):
                        self.configrecord_key, {"seed": self.seed, **self.training})
 
     # --- the round
-    def server_update(self, server_round, averaged, models):
+    def server_update(self, server_round, averaged, models, report):
         """The clients' mean alpha; with ED, omega-bar tuned on G's pseudo-data."""
         alphas = [m.metrics[FUSION_ALPHA] for m in models
                   if isinstance(m.metrics.get(FUSION_ALPHA), float)]

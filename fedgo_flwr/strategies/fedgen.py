@@ -151,7 +151,7 @@ class FedGen(LabelCountFedAvg):
             "label-prior": self.prior.tolist(), "noise-dim": self.noise_dim,
             "hidden-dim": self.hidden_dim}
 
-    def server_update(self, server_round, averaged, models):
+    def server_update(self, server_round, averaged, models, report):
         """p^(y) and lambda_k^y from the round's label counts, then G_w trained on the round's
         predictors (eq. 4); the global model is the average."""
         counts = self.counts(models)

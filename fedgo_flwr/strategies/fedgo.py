@@ -25,8 +25,8 @@ from fedgo_flwr.gan import (Negatives, calibrate_discriminator, generator_negati
                             image_negatives, log_odds, train_discriminator, train_wgan_gp)
 from fedgo_flwr.inputs import images_of
 from fedgo_flwr.models import Critic, Discriminator, Generator
-from fedgo_flwr.strategies.base import (ClientModel, examples_problem, message_seed,
-                                        state_problem)
+from fedgo_flwr.replies import examples_problem, state_problem
+from fedgo_flwr.strategies.base import ClientModel, message_seed
 from fedgo_flwr.strategies.ensemble import EnsembleDistillation
 from fedgo_flwr.weighting import WEIGHTINGS
 
@@ -94,6 +94,8 @@ class FedGO(EnsembleDistillation):
         c, h = self.u.shape[1], self.u.shape[2]
         self.discriminator_template = Discriminator(c, h, discriminator_width).state_dict()
         self.log_odds: dict[int, torch.Tensor] = {}  # node id -> log Phi_k on U, [V, |U|]
+        self.discriminators: dict[int, tuple[Discriminator, tuple | None]] = {}
+        self.round_odds: tuple[torch.Tensor | None, dict[int, torch.Tensor]] = (None, {})
         self.asked: set[int] = set()  # nodes that were sent G
         self.pending: dict[str, int] = {}  # message id -> node id, D_k not yet back
 
@@ -158,7 +160,7 @@ class FedGO(EnsembleDistillation):
             if why:
                 log(WARNING, "discriminator of node %d left out: %s", node, why)
                 continue
-            self.log_odds[node] = self.odds_on_u(reply)
+            self.log_odds[node] = self.odds_on_u(node, reply)
             log(INFO, "discriminator of node %d in (%d in all)", node, len(self.log_odds))
 
     def discriminator_problem(self, reply: Message) -> str | None:
@@ -174,16 +176,32 @@ class FedGO(EnsembleDistillation):
             return f"calibration (odds-scale, odds-shift) is ({a}, {b}); expected a > 0, b finite"
         return None
 
-    def odds_on_u(self, reply: Message) -> torch.Tensor:
-        """log Phi_k on every view of U, [V, |U|]."""
+    def odds_on_u(self, node: int, reply: Message) -> torch.Tensor:
+        """log Phi_k on every view of U, [V, |U|] (D_k kept for other distillation sets)."""
         c, h = self.u.shape[1], self.u.shape[2]
         d = Discriminator(c, h, int(self.discriminator_config["discriminator-width"]))
         d.load_state_dict(reply.content.array_records["discriminator"].to_torch_state_dict())
         metrics = reply.content.metric_records["metrics"]
         calibration = ((float(metrics["odds-scale"]), float(metrics["odds-shift"]))
                        if self.discriminator_config["calibration-fraction"] else None)
-        return torch.stack([log_odds(d, self.u, device=self.device, flip=v == 1,
+        self.discriminators[node] = (d.eval(), calibration)
+        return self.odds_on(d, calibration, self.u)
+
+    def odds_on(self, d: Discriminator, calibration, x: torch.Tensor) -> torch.Tensor:
+        return torch.stack([log_odds(d, x, device=self.device, flip=v == 1,
                                      calibration=calibration) for v in range(self.views)])
+
+    def odds(self, node: int, u: torch.Tensor) -> torch.Tensor:
+        """log Phi_k on every view of the distillation set u: cached on U, computed once a
+        round on a set of `distillation_sets`."""
+        if u is self.u:
+            return self.log_odds[node]
+        if self.round_odds[0] is not u:
+            self.round_odds = (u, {})
+        cached = self.round_odds[1]
+        if node not in cached:
+            cached[node] = self.odds_on(*self.discriminators[node], u)
+        return cached[node]
 
     # --- main FL
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
@@ -196,13 +214,13 @@ class FedGO(EnsembleDistillation):
     def teachers(self, models: list[ClientModel]) -> list[ClientModel]:
         return [m for m in models if m.node_id in self.log_odds]
 
-    def server_update(self, server_round, averaged, models):
-        arrays, info = super().server_update(server_round, averaged, models)
+    def server_update(self, server_round, averaged, models, report):
+        arrays, info = super().server_update(server_round, averaged, models, report)
         return arrays, {**info, "discriminators": len(self.log_odds)}
 
     def scores(self, teachers, nets, u, samples, view):
         logits, _ = super().scores(teachers, nets, u, samples, view)
-        return logits, torch.stack([self.log_odds[m.node_id][view, samples] for m in teachers])
+        return logits, torch.stack([self.odds(m.node_id, u)[view, samples] for m in teachers])
 
 
 # ---------------------------------------------------------------------------- client side

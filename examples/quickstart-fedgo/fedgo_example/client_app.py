@@ -22,8 +22,9 @@ def train_fn(msg: Message, context: Context) -> Message:
     model = Net()
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
     loader = local_data(context)
-    loss = train(model, loader, context.run_config["local-epochs"],
-                 msg.content["config"]["lr"], device)
+    config = msg.content["config"]
+    loss = train(model, loader, context.run_config["local-epochs"], config["lr"], device,
+                 proximal_mu=config.get("proximal-mu", 0.0))
     metrics = MetricRecord({"train_loss": loss, "num-examples": len(loader.dataset)})
     return Message(RecordDict({"arrays": ArrayRecord(model.state_dict()), "metrics": metrics}),
                    reply_to=msg)
@@ -39,5 +40,6 @@ def evaluate_fn(msg: Message, context: Context) -> Message:
     return Message(RecordDict({"metrics": metrics}), reply_to=msg)
 
 
-# FedGO's discriminator (Algorithm 3) and DaFKD's local step, on this node's data.
+# FedGO's discriminator (Algorithm 3), DaFKD's local step and the guard's scores, on this
+# node's data.
 register(app, model_fn=Net, data_fn=local_data, device=device)

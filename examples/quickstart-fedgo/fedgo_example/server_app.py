@@ -1,5 +1,7 @@
 """The ServerApp: Flower's PyTorch quickstart with FedGO in place of FedAvg. To compare
-methods, change the import below to FedDF or DaFKD: nothing else changes."""
+methods, change the import below to FedDF or DaFKD: nothing else changes. To run the
+README's best row (calibrated FedGO on FedProx's clients with the clients' guard, the
+disagreement budget and 3 past teachers), import BEST_ROW instead of AS_PUBLISHED."""
 
 import json
 from pathlib import Path
@@ -10,6 +12,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedgo_example.task import Net, server_data, test
 from fedgo_flwr import FedGO as Strategy
+from fedgo_flwr.presets import AS_PUBLISHED as PRESET
 
 app = ServerApp()
 
@@ -29,7 +32,7 @@ def main(grid: Grid, context: Context) -> None:
                         fraction_evaluate=cfg["fraction-evaluate"],
                         distill_epochs=cfg["distill-epochs"],
                         distill_batch_size=cfg["distill-batch-size"],
-                        **own_settings(cfg, Strategy))
+                        **own_settings(cfg, Strategy), **PRESET)
 
     def central_evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
         model = Net()
@@ -45,7 +48,7 @@ def main(grid: Grid, context: Context) -> None:
     out.mkdir(parents=True, exist_ok=True)
     torch.save(result.arrays.to_torch_state_dict(), out / "final_model.pt")
     (out / "result.json").write_text(json.dumps({
-        "strategy": Strategy.__name__,
+        "strategy": Strategy.__name__, "preset": sorted(PRESET),
         "train": {t: dict(m) for t, m in result.train_metrics_clientapp.items()},
         "evaluate_clientapp": {t: dict(m) for t, m in result.evaluate_metrics_clientapp.items()},
         "evaluate_serverapp": {t: dict(m) for t, m in result.evaluate_metrics_serverapp.items()},

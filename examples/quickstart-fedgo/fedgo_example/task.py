@@ -12,6 +12,8 @@ from torch.utils.data import DataLoader, TensorDataset
 from torchvision.datasets import FashionMNIST
 from torchvision.datasets.utils import extract_archive
 
+from fedgo_flwr.client import proximal_term
+
 DEBIAN = Path("/usr/share/datasets/fashion-mnist")  # `apt-get install dataset-fashion-mnist`
 
 
@@ -69,13 +71,18 @@ def server_data(run_config) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Ten
     return x[-run_config["server-size"]:], fashion_mnist(run_config["data-dir"], train=False)
 
 
-def train(net, loader, epochs, lr, device):
+def train(net, loader, epochs, lr, device, proximal_mu=0.0):
+    """SGD on the node's data; with proximal_mu > 0 (sent by Flower's FedProx, or by a
+    strategy given `proximal_mu`), FedProx's term around the received weights is added."""
     net.to(device).train()
+    anchor = [w.detach().clone() for w in net.parameters()]
     opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9)
     total = 0.0
     for _ in range(epochs):
         for x, y in loader:
             loss = F.cross_entropy(net(x.to(device)), y.to(device))
+            if proximal_mu:
+                loss = loss + proximal_term(net, anchor, proximal_mu)
             opt.zero_grad()
             loss.backward()
             opt.step()

@@ -1,0 +1,47 @@
+"""What a well-formed client reply is: checks a strategy runs on every reply before anything
+reads it (a malformed one is left out of its round with the reason logged, never averaged),
+and what replies weigh in bytes."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
+
+
+def state_problem(arrays: ArrayRecord | None, template: dict[str, torch.Tensor]) -> str | None:
+    """Why `arrays` cannot be loaded as a model shaped like `template`, or None."""
+    if arrays is None:
+        return "no ArrayRecord"
+    state = arrays.to_torch_state_dict()
+    if set(state) != set(template):
+        missing, unexpected = sorted(set(template) - set(state)), sorted(set(state) - set(template))
+        return (f"array names differ from the model's (missing {missing[:3]}, unexpected "
+                f"{unexpected[:3]})")
+    for name, t in template.items():
+        if state[name].shape != t.shape:
+            return f"{name} has shape {tuple(state[name].shape)}, expected {tuple(t.shape)}"
+        if state[name].is_floating_point() and not torch.isfinite(state[name]).all():
+            return f"{name} holds NaN or infinite values"
+    return None
+
+
+def examples_problem(metrics: MetricRecord | None, key: str) -> str | None:
+    value = None if metrics is None else metrics.get(key)
+    if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        return f"metric {key!r} is {value!r}, not a positive number"
+    return None
+
+
+def payload_bytes(contents: list[Message | RecordDict]) -> int:
+    """Bytes of every ArrayRecord in these messages (error replies carry none) or contents;
+    replies are counted as they arrived, before any is checked."""
+    total = 0
+    for item in contents:
+        if isinstance(item, Message):
+            if item.has_error():
+                continue
+            item = item.content
+        total += sum(a.count_bytes() for a in item.array_records.values())
+    return total

@@ -1,0 +1,171 @@
+"""The seams of the library's strategies an app plugs into, each a constructor keyword
+(issue 90): seeded sampling over stable client keys, the n_k policy, FedProx's clients under
+any server, the averaged model as a member, the guard, a distillation set per round and
+round observers; and the README's best row as one constructor call."""
+
+import pytest
+import torch
+from flwr.app import ArrayRecord, ConfigRecord
+
+from fedgo_flwr import FedDF, FedGO
+from fedgo_flwr.guard import ClientsGuard, LabelledGuard, kept
+from fedgo_flwr.presets import BEST_ROW
+from fedgo_flwr.sampling import sample_clients
+from fedgo_flwr.strategies.base import RoundReport
+from fedgo_flwr.weighting import uniform_weights
+from fedgo_lab.inprocess import InProcessGrid
+from test_library import (NODES, PARTS, SMALL, SMALL_GAN, TEST, U, UserNet, run,
+                          user_client_app)
+
+pytestmark = pytest.mark.app
+
+
+class Reports(list):
+    """An observer: every round's RoundReport."""
+
+    def __call__(self, report: RoundReport) -> None:
+        self.append(report)
+
+
+def test_sampling_is_seeded_over_partition_ids_whatever_the_node_ids():
+    """Two grids whose nodes got other ids train the same partitions each round, those
+    `sample_clients` draws for the seed; node ids alone would differ."""
+    sampled = []
+    for first_id in (1000, 5000):
+        grid = InProcessGrid(user_client_app(), {}, NODES)
+        grid.nodes = {first_id + 7 * i: c for i, c in enumerate(grid.nodes.values())}
+        reports = Reports()
+        run(FedDF(unlabeled_data=U, model_fn=UserNet, fraction_train=0.5, seed=3,
+                  client_key="partition-id", observers=[reports], **SMALL), grid, rounds=3)
+        sampled.append([sorted(r.sampled.values()) for r in reports])
+        assert all(sorted(m.key for m in r.clients) == sorted(r.sampled.values())
+                   for r in reports)  # the round's models, known by partition
+    expected = [sample_clients(range(NODES), 0.5, 3, t) for t in (1, 2, 3)]
+    assert sampled[0] == sampled[1] == expected
+    assert len({tuple(s) for s in expected}) > 1  # the rounds differ: a draw, not a constant
+
+
+def test_a_bad_client_key_fails_at_construction():
+    with pytest.raises(ValueError, match="client_key is 'cid'; allowed: None"):
+        FedDF(unlabeled_data=U, model_fn=UserNet, client_key="cid")
+
+
+def test_the_n_k_policy_weights_the_average_and_the_ensemble():
+    reports = Reports()
+    capped = FedDF(unlabeled_data=U, model_fn=UserNet, num_examples_fn=lambda key, n: 7,
+                   observers=[reports], **SMALL)
+    run(capped, rounds=1)
+    (report,) = reports
+    assert [m.num_examples for m in report.clients] == [7] * NODES
+    assert all(m.metrics["num-examples"] == len(PARTS[0][1]) for m in report.clients)
+
+
+def test_proximal_mu_goes_out_in_every_train_config():
+    grid = InProcessGrid(user_client_app(), {}, NODES)
+    run(FedGO(unlabeled_data=U, model_fn=UserNet, proximal_mu=0.01, **SMALL, **SMALL_GAN),
+        grid, rounds=1)
+    sent = [m for m in grid.sent if m.metadata.message_type == "train"]
+    assert sent and all(m.content["config"]["proximal-mu"] == 0.01 for m in sent)
+    with pytest.raises(ValueError, match="proximal_mu is -1; allowed: a number >= 0"):
+        FedDF(unlabeled_data=U, model_fn=UserNet, proximal_mu=-1)
+
+
+def test_the_average_as_a_member_holds_its_share_of_the_weight():
+    reports = Reports()
+    member = FedDF(unlabeled_data=U, model_fn=UserNet, averaged_share=0.5,
+                   observers=[reports], **SMALL)
+    run(member, rounds=1)
+    rule = reports[0].details["weighting"]
+    logits = torch.randn(NODES + 1, 5, 10)  # the clients' and the average's last
+    weights = rule(logits, torch.zeros(NODES, 5), torch.ones(NODES))
+    assert torch.allclose(weights[-1], torch.full((5,), 0.5))
+    assert torch.allclose(weights[:-1], torch.full((NODES, 5), 0.5 / NODES))
+    with pytest.raises(ValueError, match=r"averaged_share is 1; allowed: \[0, 1\)"):
+        FedDF(unlabeled_data=U, model_fn=UserNet, averaged_share=1)
+
+
+def test_the_clients_guard_asks_those_that_did_not_train_and_keeps_the_better_model():
+    grid = InProcessGrid(user_client_app(), {}, NODES)
+    reports = Reports()
+    strategy = FedDF(unlabeled_data=U, model_fn=UserNet, fraction_train=0.5,
+                     guard=ClientsGuard(), observers=[reports], **SMALL)
+    run(strategy, grid, rounds=2)
+    for report in reports:
+        guard = report.details["guard"]
+        judges = set(guard["clients"])
+        assert len(judges) == 2 and not judges & set(report.sampled.values())
+        assert guard["scored"] == sorted(judges)
+        choice = kept({"averaged": guard["averaged_acc"], "distilled": guard["distilled_acc"]})
+        assert guard["kept"] == choice
+        new, average = (a.to_torch_state_dict() for a in (report.arrays, report.averaged))
+        same = all(torch.equal(new[k], v) for k, v in average.items())
+        assert same == (choice == "averaged")  # the global model is the one kept
+        assert report.metrics["guard-kept-distilled"] == int(choice == "distilled")
+    asked = [m for m in grid.sent if m.metadata.message_type == "evaluate.candidates"]
+    assert len(asked) == 4 and all(set(m.content.array_records) == {"averaged", "distilled"}
+                                   for m in asked)
+
+
+def test_a_labelled_guard_scores_on_the_servers_images():
+    reports = Reports()
+    strategy = FedDF(unlabeled_data=U, model_fn=UserNet, guard=LabelledGuard(TEST),
+                     observers=[reports], **SMALL)
+    run(strategy, rounds=1)
+    guard = reports[0].details["guard"]
+    assert guard["judges"] == f"{len(TEST[1])} labelled server images"
+    model = UserNet()
+    model.load_state_dict(reports[0].arrays.to_torch_state_dict())
+    with torch.no_grad():
+        acc = (model(TEST[0]).argmax(1) == TEST[1]).float().mean().item()
+    assert acc == pytest.approx(max(guard["averaged_acc"], guard["distilled_acc"]), abs=1e-6)
+    with pytest.raises(TypeError, match="guard is a str; allowed: None"):
+        FedDF(unlabeled_data=U, model_fn=UserNet, guard="clients")
+
+
+def test_a_distillation_set_per_round_gets_fedgos_odds_on_it():
+    sets = {t: U[torch.randperm(len(U), generator=torch.Generator().manual_seed(t))[:40]]
+            for t in (1, 2)}
+    reports = Reports()
+    strategy = FedGO(unlabeled_data=U, model_fn=UserNet, distillation_sets=sets.__getitem__,
+                     observers=[reports], **SMALL, **SMALL_GAN)
+    run(strategy, rounds=2)
+    for t, report in zip((1, 2), reports):
+        assert report.details["distillation_set"] is sets[t]
+        assert report.details["targets"].shape[1] == 40
+    u, odds = strategy.round_odds  # the last round's, from the kept discriminators
+    assert u is sets[2] and set(odds) == set(strategy.log_odds)
+    assert all(o.shape == (strategy.views, 40) for o in odds.values())
+
+
+def test_observers_see_every_round_even_one_without_usable_models():
+    def no_model(reply):
+        if "arrays" in reply.content.array_records:
+            reply.content["arrays"] = ArrayRecord({})
+        return reply
+
+    reports = Reports()
+    grid = InProcessGrid(user_client_app(), {}, NODES, tamper=no_model)
+    run(FedDF(unlabeled_data=U, model_fn=UserNet, observers=[reports], **SMALL), grid,
+        rounds=1)
+    (report,) = reports
+    assert report.clients == [] and report.arrays is None and len(report.left_out) == NODES
+    assert report.bytes["up"] == 0
+
+
+def test_the_readmes_best_row_is_one_constructor_call():
+    grid = InProcessGrid(user_client_app(), {}, NODES)
+    reports = Reports()
+    strategy = FedGO(unlabeled_data=U, model_fn=UserNet, fraction_train=0.5,
+                     observers=[reports], **BEST_ROW, **{**SMALL, **SMALL_GAN})
+    initial = ArrayRecord(UserNet().state_dict())
+    strategy.start(grid=grid, initial_arrays=initial, num_rounds=3,
+                   train_config=ConfigRecord({"lr": 0.05}))
+    assert strategy.ensemble_space == "probabilities" and strategy.weighting is not \
+        uniform_weights
+    assert strategy.discriminator_config["calibration-fraction"] == 0.1
+    for t, report in enumerate(reports, 1):
+        assert report.metrics["past-teachers"] == min(t - 1, 3)
+        assert 0 <= report.metrics["disagreement"] <= 1
+        assert "guard" in report.details
+    train = [m for m in grid.sent if m.metadata.message_type == "train"]
+    assert all(m.content["config"]["proximal-mu"] == 0.001 for m in train)
