@@ -63,6 +63,16 @@ def mean(states: list[dict[str, torch.Tensor]], num_examples: list[int],
             for name, ref in template.items()}
 
 
+def mean_of_replies(contents: list[RecordDict], weighted_by_key: str) -> ArrayRecord:
+    """FedAvg's average of the replies' models (the library's default `aggregate_fn`): `mean`
+    in float64 over each reply's one ArrayRecord, weighted by its `weighted_by_key` metric.
+    Flower's `aggregate_arrayrecords` sums in float32; the benchmarks' records were made
+    with this mean."""
+    states = [next(iter(c.array_records.values())).to_torch_state_dict() for c in contents]
+    weights = [next(iter(c.metric_records.values()))[weighted_by_key] for c in contents]
+    return ArrayRecord(mean(states, weights, states[0]))
+
+
 def cast_like(value: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
     return (value if ref.is_floating_point() else value.round()).to(ref.dtype)
 

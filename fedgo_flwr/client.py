@@ -20,6 +20,7 @@ from torch import nn
 
 from fedgo_flwr.guard import EVALUATE_CANDIDATES, evaluate_candidates
 from fedgo_flwr.sampling import QUERY_PARTITION, partition_reply
+from fedgo_flwr.seeds import client_seed
 from fedgo_flwr.strategies.dafkd import TRAIN_DAFKD, domain_aware_update
 from fedgo_flwr.strategies.fedbpg import (EVALUATE_FEDBPG, TRAIN_FEDBPG, personalised_evaluate,
                                           personalised_update)
@@ -36,6 +37,16 @@ def proximal_term(model: nn.Module, anchor: list[torch.Tensor], mu: float) -> to
     `anchor` holds the received global parameters w^t (detached), `mu` the value Flower's
     `FedProx` sends as "proximal-mu" in the train config. Its gradient is mu (w - w^t)."""
     return 0.5 * mu * sum(((w - a) ** 2).sum() for w, a in zip(model.parameters(), anchor))
+
+
+def partition_seed(message: Message, context: Context) -> int | None:
+    """This client's seed from the message's "seed" and the node's partition id, where its
+    node_config has one: the same seed for a client in every run, whatever id its node gets
+    (None: the helpers fall back on the node id)."""
+    pid = context.node_config.get("partition-id")
+    if pid is None:
+        return None
+    return client_seed(int(message.content.config_records["config"].get("seed", 0)), int(pid))
 
 
 def register(app: ClientApp, *, model_fn: Callable[[], nn.Module],
@@ -65,10 +76,12 @@ def register(app: ClientApp, *, model_fn: Callable[[], nn.Module],
         return torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
 
     def discriminator(message: Message, context: Context) -> Message:
-        return discriminator_update(message, data_fn(context), device=where())
+        return discriminator_update(message, data_fn(context), device=where(),
+                                    seed=partition_seed(message, context))
 
     def dafkd(message: Message, context: Context) -> Message:
-        return domain_aware_update(message, model_fn(), data_fn(context), device=where())
+        return domain_aware_update(message, model_fn(), data_fn(context), device=where(),
+                                   seed=partition_seed(message, context))
 
     def fedgen(message: Message, context: Context) -> Message:
         return generated_feature_update(message, model_fn(), data_fn(context), device=where())

@@ -3,6 +3,8 @@
 any server, the averaged model as a member, the guard, a distillation set per round and
 round observers; and the README's best row as one constructor call."""
 
+import math
+
 import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord
@@ -169,3 +171,26 @@ def test_the_readmes_best_row_is_one_constructor_call():
         assert "guard" in report.details
     train = [m for m in grid.sent if m.metadata.message_type == "train"]
     assert all(m.content["config"]["proximal-mu"] == 0.001 for m in train)
+
+
+def test_the_default_average_is_the_float64_mean_the_benchmarks_used():
+    from fedgo_flwr.aggregation import mean
+    reports = Reports()
+    strategy = FedDF(unlabeled_data=U, model_fn=UserNet, observers=[reports],
+                     **{**SMALL, "distill_epochs": 0})  # no distillation: the average stays
+    run(strategy, rounds=1)
+    (report,) = reports
+    states = [m.state for m in report.clients]
+    expected = mean(states, [m.num_examples for m in report.clients], states[0])
+    got = report.arrays.to_torch_state_dict()
+    assert all(torch.equal(got[k], v) for k, v in expected.items())
+
+
+def test_the_cosine_schedule_anneals_over_schedule_rounds():
+    resumed = FedDF(unlabeled_data=U, model_fn=UserNet, schedule_rounds=10, **SMALL)
+    _, result = run(resumed, rounds=2)
+    plain = FedDF(unlabeled_data=U, model_fn=UserNet, **SMALL)
+    _, short = run(plain, rounds=2)
+    lr = [result.train_metrics_clientapp[t]["distill-lr"] for t in (1, 2)]
+    assert lr == pytest.approx([1e-3, 0.5e-3 * (1 + math.cos(math.pi / 10))])
+    assert short.train_metrics_clientapp[2]["distill-lr"] == pytest.approx(0.5e-3)

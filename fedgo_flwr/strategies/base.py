@@ -22,9 +22,10 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Result
-from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords, sample_nodes
+from flwr.serverapp.strategy.strategy_utils import sample_nodes
 from torch import nn
 
+from fedgo_flwr.aggregation import mean_of_replies
 from fedgo_flwr.replies import examples_problem, payload_bytes, state_problem
 from fedgo_flwr.sampling import ClientKeys, sample_clients
 from fedgo_flwr.seeds import client_seed
@@ -105,8 +106,8 @@ class ServerUpdateFedAvg(FedAvg):
         Where the server computes: None picks CUDA when visible, else the CPU.
     aggregate_fn : Callable[[list[RecordDict], str], ArrayRecord] | None (default: None)
         How the round's usable client models are combined, given their replies' contents and
-        `weighted_by_key`: None is FedAvg's n_k-weighted mean (Flower's
-        `aggregate_arrayrecords`); a robust rule of your own goes here.
+        `weighted_by_key`: None is FedAvg's n_k-weighted mean, summed in float64
+        (fedgo_flwr.aggregation.mean_of_replies); a robust rule of your own goes here.
     client_key : Callable[[int], Hashable] | str | None (default: None)
         What a client is known by, for sampling and the order of the round's models: None,
         its node id; "partition-id", the partition id each node reports once from its
@@ -139,7 +140,7 @@ class ServerUpdateFedAvg(FedAvg):
             raise ValueError(f"proximal_mu is {proximal_mu!r}; allowed: a number >= 0")
         self.model_fn, self.seed = model_fn, seed
         self.device = resolve_device(str(device)) if device is not None else resolve_device()
-        self.aggregate_fn = aggregate_fn or aggregate_arrayrecords
+        self.aggregate_fn = aggregate_fn or mean_of_replies
         self.client_keys = ClientKeys(client_key)
         self.num_examples_fn = num_examples_fn
         self.proximal_mu = float(proximal_mu)

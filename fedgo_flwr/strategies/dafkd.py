@@ -17,9 +17,9 @@ import torch
 import torch.nn.functional as F
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 from torch import nn
 
+from fedgo_flwr.aggregation import mean_of_replies
 from fedgo_flwr.batches import augment, to_unit_range
 from fedgo_flwr.gan import draw_images
 from fedgo_flwr.inputs import labelled
@@ -196,7 +196,7 @@ class DaFKD(EnsembleDistillation):
     def average(self, models: list[ClientModel], key: str) -> dict[str, torch.Tensor]:
         parts = [RecordDict({key: m.extras[key], "metrics": MetricRecord(
             {self.weighted_by_key: m.num_examples})}) for m in models]
-        return aggregate_arrayrecords(parts, self.weighted_by_key).to_torch_state_dict()
+        return mean_of_replies(parts, self.weighted_by_key).to_torch_state_dict()
 
     def scores(self, teachers, nets, u, samples, view):
         heads = [m.extras[HEAD].to_torch_state_dict() for m in teachers]

@@ -53,8 +53,11 @@ class EnsembleDistillation(ServerUpdateFedAvg):
         "adam", or "sgd" with `distill_momentum`.
     distill_momentum : float (default: 0.9)
     distill_schedule : str (default: "cosine")
-        "cosine" anneals the learning rate over the `num_rounds` given to `start`;
+        "cosine" anneals the learning rate over the run's T rounds (`schedule_rounds`);
         "constant" keeps it.
+    schedule_rounds : int | None (default: None)
+        T of the cosine schedule: None is the `num_rounds` given to `start`; a run resumed
+        after t rounds, started again for T - t, passes T.
     ensemble_space : str (default: "logits")
         Where the weights mix the clients: "logits" (Algorithm 2) or "probabilities"
         (Theorem 3.4).
@@ -105,6 +108,7 @@ class EnsembleDistillation(ServerUpdateFedAvg):
                  weighting: WeightRule, distill_epochs: int = 10, distill_batch_size: int = 64,
                  distill_lr: float = 1e-3, distill_optimizer: str = "adam",
                  distill_momentum: float = 0.9, distill_schedule: str = "cosine",
+                 schedule_rounds: int | None = None,
                  ensemble_space: str = "logits", flip_views: bool = True,
                  view_draw: str = "per-pass", teacher_floor: bool = False,
                  confidence_threshold: float = 0.0, distill_budget: str = "full",
@@ -142,6 +146,7 @@ class EnsembleDistillation(ServerUpdateFedAvg):
         self.distill_epochs, self.distill_batch_size = distill_epochs, distill_batch_size
         self.distill_lr, self.distill_optimizer = distill_lr, distill_optimizer
         self.distill_momentum, self.distill_schedule = distill_momentum, distill_schedule
+        self.schedule_rounds = schedule_rounds
         self.ensemble_space, self.views = ensemble_space, 2 if flip_views else 1
         self.view_draw, self.teacher_floor = view_draw, teacher_floor
         self.confidence_threshold, self.distill_budget = confidence_threshold, distill_budget
@@ -277,4 +282,5 @@ class EnsembleDistillation(ServerUpdateFedAvg):
     def server_lr(self, server_round: int) -> float:
         if self.distill_schedule == "constant":
             return self.distill_lr
-        return cosine_lr(self.distill_lr, server_round, max(self.num_rounds, server_round))
+        horizon = self.schedule_rounds or self.num_rounds
+        return cosine_lr(self.distill_lr, server_round, max(horizon, server_round))
