@@ -25,7 +25,7 @@ from flwr.common.logger import log
 from fedgo_flwr.inputs import labelled
 from fedgo_flwr.sampling import sample_clients
 from fedgo_flwr.seeds import round_seed
-from fedgo_flwr.replies import examples_problem
+from fedgo_flwr.replies import examples_problem, payload_bytes
 from fedgo_flwr.train import evaluate
 
 EVALUATE_CANDIDATES = "evaluate.candidates"
@@ -112,7 +112,7 @@ class ClientsGuard:
         keys = sorted(judges[n] for n in scored)
         return weighted_accuracy(list(scored.values()), candidates), {
             "judges": f"clients {keys}", "clients": sorted(judges.values()), "scored": keys,
-            "rejected": rejected}
+            "rejected": rejected, "bytes_down": payload_bytes([content]) * len(judges)}
 
 
 class LabelledGuard:
@@ -127,7 +127,8 @@ class LabelledGuard:
         for name, arrays in candidates.items():
             model = strategy.load(arrays.to_torch_state_dict())
             accuracy[name] = evaluate(model, self.x, self.y, device=strategy.device)[0]
-        return accuracy, {"judges": f"{len(self.y)} labelled server images"}
+        return accuracy, {"judges": f"{len(self.y)} labelled server images",
+                          "val_images": len(self.y)}
 
 
 def judge(guard: Guard, strategy, server_round: int, averaged: ArrayRecord,

@@ -54,8 +54,8 @@ class ClientKeys:
         nodes = list(nodes)
         if self.client_key is None:
             return {n: n for n in nodes}
-        if callable(self.client_key):
-            return {n: self.client_key(n) for n in nodes}
+        if callable(self.client_key):  # a node it gives no key (None) is left out
+            return {n: k for n in nodes if (k := self.client_key(n)) is not None}
         new = [n for n in nodes if n not in self.partitions]
         if new:
             self.ask(grid, new, timeout)

@@ -129,8 +129,8 @@ def test_fedprox_sends_mu_and_its_clients_stay_closer_to_the_global_model(tiny_c
     avg_record, avg_grid = _run(base)
     prox_record, prox_grid = _run(prox)
     sent = [m for m in prox_grid.sent if m.metadata.message_type == "train"]
-    assert sent and all(m.content.config_records["config"]["fedprox-mu"] == 1.0 for m in sent)
-    assert all("fedprox-mu" not in m.content.config_records["config"]
+    assert sent and all(m.content.config_records["config"]["proximal-mu"] == 1.0 for m in sent)
+    assert all("proximal-mu" not in m.content.config_records["config"]
                for m in avg_grid.sent if m.metadata.message_type == "train")
     # Same seed, same partitions and sampling: only the local objective differs.
     assert [r.get("clients") for r in avg_record["rounds"]] == \
@@ -153,7 +153,7 @@ def test_fedprox_over_fedgo_keeps_fedgos_pre_fl_stage_and_options(tiny_config, o
     record, grid = _run(cfg)
     types = [m.metadata.message_type for m in grid.sent]
     assert types.count("train.discriminator") == 4
-    assert all(m.content.config_records["config"]["fedprox-mu"] == 0.001
+    assert all(m.content.config_records["config"]["proximal-mu"] == 0.001
                for m in grid.sent if m.metadata.message_type == "train")
     assert all("ensemble_test_acc" in r for r in record["rounds"][1:])
     # FedGO's server options act under FedProx's clients as under FedGO's own
@@ -315,7 +315,7 @@ def test_dafkd_averages_g_and_heads_by_n_k_and_weights_by_this_rounds_discrimina
             d_logits.append(head(net.features(x)).squeeze(1))
             logits.append(net(x))
     # One pass of each trunk gives the class logits and D_k's.
-    test_logits, log_odds = strategy.test_scores(models, nets)
+    test_logits, log_odds = strategy.test_scores([m.partition_id for m in models], nets)
     # bf16 on a GPU (server-amp): a step of 2^-8 relative, against the fp32 reference here.
     tol = dict(atol=0.05, rtol=0.01) if strategy.setup.amp else dict(atol=1e-5)
     assert torch.allclose(log_odds[:, :20].cpu(), torch.stack(d_logits), **tol)

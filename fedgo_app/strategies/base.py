@@ -34,7 +34,7 @@ from fedgo_flwr.seeds import client_seed, round_seed
 from fedgo_flwr.strategies.base import ServerUpdateFedAvg
 from fedgo_app.server.clients import (MIN_CLIENTS, Client, ClientDirectory, classes_problem,
                                        config_record, discover_clients, query_nodes)
-from fedgo_flwr.sampling import sample_clients
+from fedgo_flwr.sampling import PARTITION_ID, QUERY_PARTITION, partition_reply, sample_clients
 from fedgo_app.server.mailbox import Mailbox
 from fedgo_app.server.record import RunRecord, round_line
 from fedgo_app.server.replies import reply_problem
@@ -125,11 +125,12 @@ class FedAvgStrategy(ServerUpdateFedAvg):
     # their state_dict, anything else as is): what a checkpoint holds beside the global model.
     carried: tuple[str, ...] = ()
 
-    def __init__(self, setup: ServerSetup, record: RunRecord):
+    def __init__(self, setup: ServerSetup, record: RunRecord, **keywords):
+        """`keywords`: more of the library strategy's (an ensemble strategy's)."""
         cfg = setup.cfg
         super().__init__(model_fn=setup.new_classifier, seed=cfg.seed, device=setup.device,
                          fraction_train=cfg.fraction_train, min_train_nodes=MIN_CLIENTS,
-                         min_available_nodes=1)
+                         min_available_nodes=1, client_key=self.partition_of, **keywords)
         # Flower's client-side evaluation is off: personal-test-fraction asks the clients in
         # `evaluate_round`, by partition. (Said after the constructor, which would warn.)
         self.fraction_evaluate, self.min_evaluate_nodes = 0.0, 0
@@ -142,7 +143,12 @@ class FedAvgStrategy(ServerUpdateFedAvg):
         self.absent: set[int] = set()  # partitions that missed their last round
         self._sent_at = 0.0
         self._sent_state: dict[str, torch.Tensor] = {}
-        self._sampled: dict[int, int] = {}  # node id -> partition id of this round
+        self.sampled: dict[int, int] = {}  # node id -> partition id of this round
+        self.grid = None  # the round's grid (a RoundGrid), as the library's strategies keep it
+
+    def partition_of(self, node_id: int) -> int | None:
+        """A client's key: its partition id (None: a node not known)."""
+        return self.clients.partition_of(node_id) if self.clients is not None else None
 
     # --- pre-FL
     def pre_fl(self, grid: Grid, timeout: float) -> None:
@@ -301,10 +307,13 @@ class FedAvgStrategy(ServerUpdateFedAvg):
 
     def train_config(self, server_round: int) -> ConfigRecord:
         cfg = self.cfg
-        return config_record(server_round=server_round, local_epochs=cfg.local_epochs,
+        conf = config_record(server_round=server_round, local_epochs=cfg.local_epochs,
                              batch_size=cfg.batch_size, lr=cfg.lr, flip=cfg.flip,
                              random_crop=cfg.random_crop, optimizer=cfg.optimizer,
                              momentum=cfg.momentum, seed=round_seed(cfg.seed, server_round))
+        if self.proximal_mu:  # FedProx's clients (the library's keyword)
+            conf["proximal-mu"] = self.proximal_mu
+        return conf
 
     def train_content(self, server_round: int, arrays: ArrayRecord) -> RecordDict:
         """What every sampled client receives: the global model and the train config."""
@@ -314,10 +323,11 @@ class FedAvgStrategy(ServerUpdateFedAvg):
                         grid: Grid) -> Iterable[Message]:
         """Flower's round `server_round` of this `start` is the run's round offset + it."""
         server_round = self.current_round = server_round + self.offset
+        self.grid = grid
         self.refresh(grid, server_round)
         pids = sample_clients(self.clients.partition_ids, self.cfg.fraction_train,
                              self.cfg.seed, server_round, MIN_CLIENTS, self.absent)
-        self._sampled = {self.clients.by_partition[p].node_id: p for p in pids}
+        self.sampled = {self.clients.by_partition[p].node_id: p for p in pids}
         entry = self.record.round(server_round)
         entry["clients"] = pids
         if self.absent:
@@ -338,7 +348,7 @@ class FedAvgStrategy(ServerUpdateFedAvg):
         log(INFO, "round %d: training on partitions %s", server_round, pids)
         self._sent_at = time.perf_counter()
         return [Message(contents[self.architecture(p)], dst_node_id=n, message_type="train")
-                for n, p in self._sampled.items()]
+                for n, p in self.sampled.items()]
 
     def why_left_out(self, reply: Message, array_key: str, template: dict[str, torch.Tensor],
                      extras: dict[str, dict[str, torch.Tensor]] | None = None) -> str | None:
@@ -409,14 +419,14 @@ class FedAvgStrategy(ServerUpdateFedAvg):
         if self.heterogeneous:
             by_arch = self.record.round(server_round).setdefault("bytes_by_architecture", {})
             for reply in replies:
-                pid = self._sampled.get(self.mailbox.node_of(reply))
+                pid = self.sampled.get(self.mailbox.node_of(reply))
                 if pid is not None:
                     up = by_arch.setdefault(self.architecture(pid), {})
                     up["up"] = up.get("up", 0) + payload_bytes([reply])
         templates = {a: self.setup.new_classifier(a).state_dict() for a in self.architectures}
         models, tally = self.collect(replies, "arrays",
                                      lambda pid: templates[self.architecture(pid)],
-                                     self._sampled, self.train_extras(server_round))
+                                     self.sampled, self.train_extras(server_round))
         self.record.round(server_round).setdefault("replies", {}).update(tally)
         # Dropped from sampling until they answer again.
         self.absent.update([*tally["missing"], *map(int, tally["failed"])])
@@ -647,6 +657,11 @@ def evaluate_candidates(message: Message, local: Local) -> Message:
         (local.x, local.y), device=local.device)
 
 
+def partition(message: Message, local: Local) -> Message:
+    """The library's partition query (`client_key="partition-id"`)."""
+    return partition_reply(message, {PARTITION_ID: local.partition_id})
+
+
 CLIENT = {"query": info, "train": train, "evaluate": evaluate_local,
-          EVALUATE_CANDIDATES: evaluate_candidates}
+          EVALUATE_CANDIDATES: evaluate_candidates, QUERY_PARTITION: partition}
 FEDAVG = StrategySpec("fedavg", FedAvgStrategy, CLIENT)

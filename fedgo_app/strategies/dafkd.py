@@ -110,19 +110,18 @@ class DaFKD(EnsembleDistillation):
         parts = [ClientModel(m.partition_id, m.num_examples, m.extras[key], {}) for m in models]
         return weighted_average(parts, net.state_dict())
 
-    def scores(self, models: list[ClientModel], nets: list[nn.Module], x: torch.Tensor,
-               flip: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    def domain_scores(self, keys: list[int], nets: list[nn.Module], x: torch.Tensor,
+                      flip: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """Each client's class logits [K, N, C] and logit D_k(x) [K, N] (fedgo_flwr's)."""
-        return domain_scores(nets, [self.heads[m.partition_id] for m in models], x,
-                             flip=flip, device=self.setup.device, amp=self.setup.amp)
+        return domain_scores(nets, [self.heads[k] for k in keys], x, flip=flip,
+                             device=self.setup.device, amp=self.setup.amp)
 
-    def view_scores(self, models: list[ClientModel], nets: list[nn.Module], view: int,
-                    samples: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.scores(models, nets, self.u[samples], flip=view == 1)
+    def scores(self, teachers, nets, u, samples, view):
+        return self.domain_scores([m.key for m in teachers], nets, u[samples], flip=view == 1)
 
-    def test_scores(self, models: list[ClientModel], nets: list[nn.Module]
+    def test_scores(self, keys: list[int], nets: list[nn.Module]
                     ) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.scores(models, nets, self.setup.test_x)
+        return self.domain_scores(keys, nets, self.setup.test_x)
 
 
 # ---------------------------------------------------------------------------- client side

@@ -18,12 +18,13 @@ from logging import INFO
 import torch
 from flwr.common.logger import log
 
-from fedgo_flwr.distill import distill_early_stopping
+from fedgo_flwr.distill import distill_early_stopping, draw_batches
 from fedgo_flwr.keys import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, check, key
 from fedgo_app.server.record import RunRecord
 from fedgo_app.strategies.base import ServerSetup
 from fedgo_app.strategies.ensemble import ENSEMBLE_CLIENT, MARKS, READS, EnsembleDistillation
 from fedgo_app.strategies.registry import StrategySpec
+from fedgo_flwr.seeds import round_seed
 from fedgo_flwr.weighting import uniform_weights
 
 
@@ -59,23 +60,26 @@ class FedDF(EnsembleDistillation):
                 keys.batch_size, f"early stopping on {len(setup.val_y)} labelled images"
                 if len(setup.val_y) else "no early stopping (val-size = 0)")
 
-    def distill_batches(self, server_round: int) -> list[torch.Tensor]:
+    def distill_batches(self, server_round: int, u: torch.Tensor) -> list[torch.Tensor]:
         """Published: the step budget, feddf-steps minibatches of shuffled passes over U."""
-        keys, n = self.keys, len(self.u)
+        keys, n = self.keys, len(u)
         if not keys.published:
-            return super().distill_batches(server_round)
+            return super().distill_batches(server_round, u)
         epochs = math.ceil(keys.steps / math.ceil(n / keys.batch_size)) if n else 0
-        return self.draw_round_batches(server_round, epochs=epochs,
-                                       batch_size=keys.batch_size)[:keys.steps]
+        return draw_batches(n, self.views, epochs=epochs, batch_size=keys.batch_size,
+                            seed=round_seed(self.seed, server_round),
+                            view_draw=self.view_draw)[:keys.steps]
 
-    def distill_student(self, server_round: int, student: torch.nn.Module,
+    def distill_student(self, server_round: int, student: torch.nn.Module, u: torch.Tensor,
                         targets: torch.Tensor, batches: list[torch.Tensor]) -> dict:
+        """Published: Adam restarted every round over the step budget, clipped, with early
+        stopping on the labelled images (fedgo_flwr.distill.distill_early_stopping)."""
         keys, lr = self.keys, self.cfg.server_lr
         if not keys.published:
-            return super().distill_student(server_round, student, targets, batches)
+            return super().distill_student(server_round, student, u, targets, batches)
         validation = (self.setup.val_x, self.setup.val_y) if len(self.setup.val_y) else None
         info = distill_early_stopping(
-            student, self.u, targets, batches=batches, lr=lr, device=self.setup.device,
+            student, u, targets, batches=batches, lr=lr, device=self.setup.device,
             validation=validation, eval_every=keys.eval_every, patience=keys.patience,
             clip_norm=keys.clip_norm, amp=self.setup.amp, optimizer=self.cfg.optimizer,
             momentum=self.cfg.momentum)

@@ -30,9 +30,10 @@ from fedgo_flwr.seeds import client_seed
 from fedgo_app.server.clients import config_record
 from fedgo_app.server.record import RunRecord
 from fedgo_flwr.replies import payload_bytes
-from fedgo_app.strategies.base import ClientModel, ServerSetup
+from fedgo_app.strategies.base import ServerSetup
 from fedgo_app.strategies.ensemble import ENSEMBLE_CLIENT, MARKS, READS, EnsembleDistillation
 from fedgo_app.strategies.registry import StrategySpec
+from fedgo_flwr.strategies.base import ClientModel as LibraryModel
 from fedgo_flwr.strategies.fedgo import SERVER_SAMPLE, TRAIN_DISCRIMINATOR
 from fedgo_flwr.strategies.fedgo import discriminator_update as discriminator_update_on
 from fedgo_flwr.weighting import NEEDS_LABEL_COUNTS, WeightRule, weighting_rule
@@ -284,23 +285,24 @@ class FedGO(EnsembleDistillation):
             if pid is not None and not reply.has_error():
                 self.late_reply(pid, 0, reply)
 
-    def teachers(self, models: list[ClientModel]) -> list[ClientModel]:
-        return [m for m in models if m.partition_id in self.row]
+    # ------------------------------------------------------------------ the library's hooks
+    def teachers(self, models: list[LibraryModel]) -> list[LibraryModel]:
+        return [m for m in models if m.key in self.row]
 
-    def round_weighting(self, models: list[ClientModel]) -> WeightRule:
+    def round_weighting(self, teachers: list[LibraryModel]) -> WeightRule:
         if not self.needs_label_counts:
             return self.weighting
-        counts = self.clients.label_histograms([m.partition_id for m in models])
+        counts = self.clients.label_histograms([m.key for m in teachers])
         if counts is None:
             raise RuntimeError(f"weighting {self.cfg.weighting!r} needs every client's label "
                                "counts; a client of this round sent none")
         return weighting_rule(self.cfg.weighting, histograms=counts)
 
-    def u_log_odds(self, models: list[ClientModel], view: int) -> torch.Tensor:
-        return self.cached_u_log_odds[[self.row[m.partition_id] for m in models], view]
+    def u_log_odds(self, keys: list[int], view: int) -> torch.Tensor:
+        return self.cached_u_log_odds[[self.row[k] for k in keys], view]
 
-    def test_log_odds(self, models: list[ClientModel]) -> torch.Tensor:
-        return self.cached_test_log_odds[[self.row[m.partition_id] for m in models]]
+    def test_log_odds(self, keys: list[int]) -> torch.Tensor:
+        return self.cached_test_log_odds[[self.row[k] for k in keys]]
 
 
 # ---------------------------------------------------------------------------- client side

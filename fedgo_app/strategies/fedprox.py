@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from flwr.app import ConfigRecord, Message
+from flwr.app import Message
 
 from fedgo_app.client_context import Local, config_of
 from fedgo_flwr.keys import POSITIVE, choice, key
@@ -38,14 +38,14 @@ class FedProxKeys:
 
 # ---------------------------------------------------------------------------- server side
 def server(setup, record, base: StrategySpec):
-    """The base strategy's server, with mu added to every train config."""
+    """The base strategy's server with the library's `proximal_mu`: mu goes out as
+    "proximal-mu" in every train config, as Flower's FedProx sends it."""
     mu = setup.cfg.keys("fedprox").mu
 
     class FedProx(base.server):
-        def train_config(self, server_round: int) -> ConfigRecord:
-            conf = super().train_config(server_round)
-            conf["fedprox-mu"] = mu
-            return conf
+        def __init__(self, setup, record):
+            super().__init__(setup, record)
+            self.proximal_mu = mu
 
     FedProx.__qualname__ = f"FedProx[{base.server.__name__}]"
     return FedProx(setup, record)
@@ -56,7 +56,7 @@ def proximal_update(message: Message, local: Local) -> Message:
     """ClientUpdate with the proximal term around the received model."""
     model = local.classifier(message)
     anchor = [w.detach().clone().to(local.device) for w in model.parameters()]
-    mu = float(config_of(message)["fedprox-mu"])
+    mu = float(config_of(message)["proximal-mu"])
     return local_update(message, local, model,
                         extra_loss=lambda m: proximal_term(m, anchor, mu))
 

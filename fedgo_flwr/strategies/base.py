@@ -28,7 +28,7 @@ from torch import nn
 from fedgo_flwr.aggregation import mean_of_replies
 from fedgo_flwr.replies import examples_problem, payload_bytes, state_problem
 from fedgo_flwr.sampling import ClientKeys, sample_clients
-from fedgo_flwr.seeds import client_seed
+from fedgo_flwr.seeds import client_seed, round_seed
 from fedgo_flwr.train import resolve_device
 
 
@@ -176,7 +176,8 @@ class ServerUpdateFedAvg(FedAvg):
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
         """FedAvg's, with A_t drawn by the seed and the round over the clients' keys
-        (fedgo_flwr.sampling) and `proximal_mu` in the config."""
+        (fedgo_flwr.sampling), and in the config the round's client seed "seed" (unless the
+        caller's `train_config` has one) and `proximal_mu`."""
         self.grid = grid  # what the guard and late stages send through
         if self.fraction_train == 0.0:
             return []
@@ -187,7 +188,10 @@ class ServerUpdateFedAvg(FedAvg):
                                 self.min_train_nodes)
         self.sampled = {by_key[k]: k for k in chosen}
         log(INFO, "configure_train: sampled clients %s (of %d)", chosen, len(by_key))
-        config["server-round"] = server_round
+        # the round's client seed where the caller gives none (a copy: Flower passes the
+        # caller's record every round)
+        config = ConfigRecord({"seed": round_seed(self.seed, server_round), **config,
+                               "server-round": server_round})
         if self.proximal_mu:
             config["proximal-mu"] = self.proximal_mu
         record = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: config})

@@ -23,7 +23,7 @@ from torch import nn
 from fedgo_flwr.distill import (DISTILL_BUDGETS, ENSEMBLE_SPACES, VIEW_DRAWS,
                                 budgeted_pseudo_labels, confident_batches, cosine_lr,
                                 disagreement, distill, draw_batches, view_pseudo_labels)
-from fedgo_flwr.guard import DISTILLED, Guard, judge
+from fedgo_flwr.guard import AVERAGED, DISTILLED, Guard, judge
 from fedgo_flwr.inputs import images_of
 from fedgo_flwr.seeds import round_seed
 from fedgo_flwr.strategies.base import ClientModel, RoundReport, ServerUpdateFedAvg
@@ -153,6 +153,7 @@ class EnsembleDistillation(ServerUpdateFedAvg):
         self.budget_probe = budget_probe
         self.past_teachers = past_teachers
         self.past = PastTeachers(past_teachers)  # theta_s of the last rounds
+        self.next_past: dict[str, torch.Tensor] | None = None  # this round's, added next round
         self.averaged_share, self.guard = averaged_share, guard
         self.distillation_sets = distillation_sets
 
@@ -168,6 +169,9 @@ class EnsembleDistillation(ServerUpdateFedAvg):
         """Pseudo-label the distillation set once with the weighted ensemble of the round's
         teachers and distil the average toward it (then the guard, if any, keeps one of the
         two); returns the new global model and the round's distillation metrics."""
+        if self.next_past is not None:  # the last round's model joins the past teachers
+            self.past.add(self.next_past)
+            self.next_past = None
         teachers = self.teachers(models)
         u = self.distillation_set(server_round)
         if not teachers or u is None or not len(u) or self.distill_epochs == 0:
@@ -175,49 +179,47 @@ class EnsembleDistillation(ServerUpdateFedAvg):
                 server_round)
             return averaged, {}
         student = self.load(averaged.to_torch_state_dict())
-        batches = draw_batches(len(u), self.views, epochs=self.distill_epochs,
-                               batch_size=self.distill_batch_size,
-                               seed=round_seed(self.seed, server_round),
-                               view_draw=self.view_draw)
+        batches = self.distill_batches(server_round, u)
         met = sum(len(b) for b in batches)  # distill-kept: the share of them distilled on
-        targets, batches, metrics, weighting = self.pseudo_labels(
-            server_round, teachers, u, student, batches, report)
+        targets, batches, metrics = self.pseudo_labels(server_round, teachers, u, student,
+                                                       batches, report)
         if self.confidence_threshold > 0:
             batches = confident_batches(batches, targets, self.confidence_threshold)
-        lr = self.server_lr(server_round)
-        info = distill(student, u, targets, batches=batches, lr=lr, device=self.device,
-                       amp=self.device.type == "cuda", optimizer=self.distill_optimizer,
-                       momentum=self.distill_momentum)
+        info = report.details["distillation"] = self.distill_student(
+            server_round, student, u, targets, batches)
         log(INFO, "round %d: distilled, KL %.4f (%.1fs)", server_round, info["distill_loss"],
             info["seconds"])
         report.seconds["distillation"] = info["seconds"]
-        report.details.update(teachers=[m.key for m in teachers], weighting=weighting,
-                              targets=targets, distillation_set=u)
         arrays = ArrayRecord(student.cpu().state_dict())  # not trained again: no copy
         if self.guard is not None:
             arrays, metrics["guard-kept-distilled"] = self.accept(server_round, averaged,
                                                                   arrays, report)
-        if self.past_teachers:  # a teacher of the next rounds: the model they start from
-            self.past.add(arrays.to_torch_state_dict())
+        if self.past.keep:  # a teacher from the next round on: the model it starts from
+            self.next_past = arrays.to_torch_state_dict()
         return arrays, {
-            "distill-loss": info["distill_loss"], "distill-lr": lr,
-            "distill-teachers": len(teachers), "distill-seconds": info["seconds"],
-            "distill-kept": sum(len(b) for b in batches) / met, **metrics}
+            "distill-loss": info["distill_loss"], "distill-lr": info["distill_lr"],
+            "distill-steps": info["distill_steps"], "distill-teachers": len(teachers),
+            "distill-seconds": info["seconds"], "distill-kept": sum(map(len, batches)) / met,
+            **metrics}
 
     def pseudo_labels(self, server_round: int, teachers: list[ClientModel], u: torch.Tensor,
                       student: nn.Module, batches: list[torch.Tensor], report: RoundReport):
         """y~ on every image the batches meet, once a round, by the weighted ensemble of the
         teachers, the past global models and the average as members (`with_members`), the
         average's own label as the floor; with the disagreement budget only on the steps it
-        keeps. Returns (targets, batches, metrics, the weighting rule)."""
-        nets = [self.load(m.state) for m in teachers]
+        keeps. Returns (targets, batches, metrics); what it used goes into report.details."""
+        nets = self.teacher_nets(teachers)
         n_k = torch.tensor([m.num_examples for m in teachers], dtype=torch.float32)
         amp = self.device.type == "cuda"
         past = self.past.last(self.past_teachers)
         shares = past_member_shares(len(teachers), len(past)) + (
             [self.averaged_share] if self.averaged_share else [])
-        weighting = with_members(self.weighting, shares) if shares else self.weighting
+        rule = self.round_weighting(teachers)
+        weighting = with_members(rule, shares) if shares else rule
         own = (self.averaged_share > 0) + self.teacher_floor  # rows of the average's logits
+        report.details.update(teachers=teachers, nets=nets, client_rule=rule,
+                              weighting=weighting, past=past, past_states=list(self.past.states),
+                              distillation_set=u)
 
         def scores(v: int, samples: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             logits, log_odds = self.scores(teachers, nets, u, samples, v)
@@ -245,14 +247,33 @@ class EnsembleDistillation(ServerUpdateFedAvg):
             targets = label(batches, None)
         report.seconds["pseudo_labelling"] = metrics["pseudo-label-seconds"] = \
             time.perf_counter() - start
+        report.details["targets"] = targets
         log(INFO, "round %d: %d teachers pseudo-labelled %d images (%.1fs)", server_round,
             len(teachers), len(u), metrics["pseudo-label-seconds"])
-        return targets, batches, metrics, weighting
+        return targets, batches, metrics
+
+    def distill_batches(self, server_round: int, u: torch.Tensor) -> list[torch.Tensor]:
+        """This round's distillation minibatches: E_s shuffled passes over the set, each
+        image in a view (`view_draw`), seeded by the seed and the round."""
+        return draw_batches(len(u), self.views, epochs=self.distill_epochs,
+                            batch_size=self.distill_batch_size,
+                            seed=round_seed(self.seed, server_round), view_draw=self.view_draw)
+
+    def distill_student(self, server_round: int, student: nn.Module, u: torch.Tensor,
+                        targets: torch.Tensor, batches: list[torch.Tensor]) -> dict:
+        """One optimiser step per batch on KL(y~ || student); returns distill_loss,
+        distill_steps, distill_lr and seconds."""
+        lr = self.server_lr(server_round)
+        info = distill(student, u, targets, batches=batches, lr=lr, device=self.device,
+                       amp=self.device.type == "cuda", optimizer=self.distill_optimizer,
+                       momentum=self.distill_momentum)
+        return {"distill_steps": len(batches), **info, "distill_lr": lr}
 
     def accept(self, server_round: int, averaged: ArrayRecord, distilled: ArrayRecord,
                report: RoundReport) -> tuple[ArrayRecord, int]:
         """The guard's choice between the average and the distilled model (1: distilled)."""
         start = time.perf_counter()
+        report.details["candidates"] = {AVERAGED: averaged, DISTILLED: distilled}
         arrays, report.details["guard"] = judge(self.guard, self, server_round, averaged,
                                                 distilled)
         report.seconds["guard"] = time.perf_counter() - start
@@ -262,6 +283,15 @@ class EnsembleDistillation(ServerUpdateFedAvg):
     def teachers(self, models: list[ClientModel]) -> list[ClientModel]:
         """The round's models the ensemble weights (FedGO: those with a discriminator)."""
         return models
+
+    def teacher_nets(self, teachers: list[ClientModel]) -> list[nn.Module]:
+        """The teachers as models (of the global model's architecture)."""
+        return [self.load(m.state) for m in teachers]
+
+    def round_weighting(self, teachers: list[ClientModel]) -> WeightRule:
+        """The rule w_k(u) of this round's teachers (`weighting`; a rule that reads the
+        teachers' label counts gets theirs bound here)."""
+        return self.weighting
 
     def distillation_set(self, server_round: int) -> torch.Tensor | None:
         """The images distilled on this round (U, or `distillation_sets`'s; DaFKD draws its
