@@ -110,21 +110,21 @@ def test_a_redrawn_set_is_new_each_round_and_fedgo_scores_it_after_a_resume(
     first = strategy("first")
     first.discover(grid)
     first.prepare(grid)
-    first.redraw_distillation_set(2)
+    redrawn = first.distillation_set(2)
     expected = draw_images(g, 40, seed=round_seed(cfg.seed, 2), device=torch.device("cpu"))
-    assert torch.equal(first.u, expected)
-    for p, row in first.row.items():
-        d, _ = first.discriminators[p]
+    assert torch.equal(redrawn, expected) and not torch.equal(first.u, expected)
+    for p, (d, _) in first.discriminators.items():
         for view in (0, 1):
-            torch.testing.assert_close(first.cached_u_log_odds[row, view],
+            torch.testing.assert_close(first.odds(p, redrawn)[view],
                                        log_odds(d, expected, device=torch.device("cpu"),
                                                 flip=view == 1))
     resumed = strategy("resumed")
     resumed.load_state_dict(first.state_dict())
-    for s in (first, resumed):
-        s.redraw_distillation_set(3)
-    assert torch.equal(resumed.u, first.u) and not torch.equal(first.u, expected)
-    torch.testing.assert_close(resumed.cached_u_log_odds, first.cached_u_log_odds)
+    again, later = resumed.distillation_set(2), first.distillation_set(3)
+    assert torch.equal(again, redrawn) and not torch.equal(later, expected)
+    for p in first.discriminators:
+        torch.testing.assert_close(resumed.odds(p, again), first.odds(p, redrawn))
+        torch.testing.assert_close(resumed.log_odds[p], first.log_odds[p])
 
 
 def test_only_a_generated_set_can_be_redrawn(tiny_config):

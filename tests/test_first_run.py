@@ -44,8 +44,8 @@ def test_a_plain_run_says_what_it_does_and_a_killed_copy_resumes_to_its_model(
     out = _run(env, tmp_path, common + ' run-name="first"')
     assert _status(env, tmp_path, out) == "finished:completed", out[-3000:]
     for line in ("2 clients, n_k by partition id: 0: ",  # Flower's default: 2 SuperNodes
-                 "pre-FL: generator step 2/2", "pre-FL: discriminator: partition 0 done",
-                 "pre-FL: discriminator: partition 1 done", "pre-FL: odds of partition 1",
+                 "pre-FL: generator step 2/2", "pre-FL: sending the generator to 2 clients",
+                 "discriminator of client 0 in", "discriminator of client 1 in",
                  "round 1: training on partitions [0, 1]",  # C = 0.4 of 2, still two
                  "round 2: client training: partition 1 done", "round 2: distilled",
                  "round 3 | server acc"):

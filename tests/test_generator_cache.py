@@ -16,7 +16,7 @@ def _obtain(cfg):
     u, test_x, test_y = server_data(cfg)
     record = RunRecord(cfg.to_run_config(), cfg.run_name)
     strategy = FedGO(ServerSetup(cfg, u, test_x, test_y, 10, CPU), record)
-    generator = strategy.generator()
+    generator = strategy.source_generator()
     return generator.state_dict(), record.data["pre_fl"]["generator"]
 
 

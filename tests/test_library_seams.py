@@ -23,10 +23,14 @@ pytestmark = pytest.mark.app
 
 
 class Reports(list):
-    """An observer: every round's RoundReport."""
+    """An observer: every round's RoundReport (FedGO's pre-FL stage, round 0, apart)."""
+
+    def __init__(self):
+        super().__init__()
+        self.stages = []
 
     def __call__(self, report: RoundReport) -> None:
-        self.append(report)
+        (self if report.server_round else self.stages).append(report)
 
 
 def test_sampling_is_seeded_over_partition_ids_whatever_the_node_ids():
@@ -137,6 +141,10 @@ def test_a_distillation_set_per_round_gets_fedgos_odds_on_it():
     u, odds = strategy.round_odds  # the last round's, from the kept discriminators
     assert u is sets[2] and set(odds) == set(strategy.log_odds)
     assert all(o.shape == (strategy.views, 40) for o in odds.values())
+    assert all(r.seconds["odds"] > 0 for r in reports)  # scored anew each round
+    (stage,) = reports.stages  # the pre-FL stage: every client's D_k, by node id here
+    assert sorted(stage.details["discriminators"]) == sorted(strategy.log_odds)
+    assert stage.details["missing"] == [] and stage.bytes["down"] > 0
 
 
 def test_observers_see_every_round_even_one_without_usable_models():

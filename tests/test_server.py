@@ -96,8 +96,10 @@ def test_a_discriminator_with_a_bad_calibration_is_left_out_of_the_odds(tiny_con
                               fraction_train=1.0, num_server_rounds=1)
     with caplog.at_level(logging.WARNING, logger="flwr"):
         record, _ = _run(cfg, tamper=tamper)
-    assert "partition 0): calibration (odds-scale, odds-shift) is (-1.0," in caplog.text
-    assert "partition 1): calibration (odds-scale, odds-shift) is (" in caplog.text
+    assert "client 0 (node 1000) left out: calibration (odds-scale, odds-shift) is (-1.0," \
+        in caplog.text
+    assert "client 1 (node 1017) left out: calibration (odds-scale, odds-shift) is (" \
+        in caplog.text
     assert set(record["pre_fl"]["replies"]["rejected"]) == {"0", "1"}
     assert set(record["pre_fl"]["calibration"]) == {"2", "3"}
     assert all(a > 0 for a, _ in record["pre_fl"]["calibration"].values())
@@ -352,8 +354,9 @@ def test_a_round_trains_two_clients_even_when_c_times_k_is_one(tiny_config, capl
     assert all(len(r["clients"]) == 2 for r in record["rounds"][1:])
     log = caplog.text  # every phase says what it does, by partition id
     assert "2 clients, n_k by partition id: 0: " in log
-    for line in ("pre-FL: discriminator: partition 0 done", "pre-FL: odds of partition 1",
-                 "round 1: client training: partition 1 done", "round 2: distilled"):
+    for line in ("pre-FL: sending the generator to 2 clients", "discriminator of client 0 in",
+                 "discriminator of client 1 in", "round 1: client training: partition 1 done",
+                 "round 2: distilled"):
         assert line in log, line
 
 

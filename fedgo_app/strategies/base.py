@@ -254,19 +254,19 @@ class FedAvgStrategy(ServerUpdateFedAvg):
                                              server_round=server_round, arrived=arrived)
 
     def refresh(self, grid: Grid, server_round: int) -> None:
-        """Before sampling: count the replies that came after their round's wait (late: what
-        `late_reply` can still use), and take back partitions that answer again. A partition is absent from
-        sampling after it misses a round; it rejoins when a late reply of it arrives, or when
-        its node, or a new node reporting its partition id, answers a query."""
-        for node, late_round, answer in self.mailbox.late_replies():
+        """Before sampling: count the replies that came after their round's wait (a round's
+        model is not used once its round is over; FedGO's late discriminators are the
+        library's to take), and take back partitions that answer again. A partition is absent
+        from sampling after it misses a round; it rejoins when a late reply of it arrives, or
+        when its node, or a new node reporting its partition id, answers a query."""
+        for node, late_round, _ in self.mailbox.late_replies():
             pid = self.clients.partition_of(node)
             if pid is None:
                 continue
             self.record.round(late_round).setdefault("replies", {}).setdefault(
                 "late", []).append(pid)
-            used = self.late_reply(pid, late_round, answer)
-            log(INFO, "late reply of partition %d (round %d): %s", pid, late_round,
-                "used" if used else "counted, not used")
+            log(INFO, "late reply of partition %d (round %d): counted, not used", pid,
+                late_round)
             self.rejoin(pid, server_round)
         online = set(grid.get_node_ids())
         known = {c.node_id for c in self.clients.by_partition.values()}
@@ -289,11 +289,6 @@ class FedAvgStrategy(ServerUpdateFedAvg):
             self.clients.by_partition[pid] = Client(pid, node, min(n, old.num_examples) if old
                                                     else n, old and old.label_histogram, model)
             self.rejoin(pid, server_round)
-
-    def late_reply(self, pid: int, late_round: int, reply: Message) -> bool:
-        """What a reply that came after its wait is still good for (FedGO: a discriminator
-        joins the odds); a round's model is not used once its round is over."""
-        return False
 
     def rejoin(self, pid: int, server_round: int) -> None:
         if pid in self.absent:
@@ -591,6 +586,13 @@ class RoundGrid:
 
     def get_node_ids(self) -> list[int]:
         return list(self.strategy.mailbox.grid.get_node_ids())
+
+    # What the library's FedGO pushes and pulls itself (its pre-FL stage and late D_k).
+    def push_messages(self, messages: Iterable[Message]) -> list[str]:
+        return list(self.strategy.mailbox.grid.push_messages(messages))
+
+    def pull_messages(self, message_ids: list[str]) -> list[Message]:
+        return list(self.strategy.mailbox.grid.pull_messages(message_ids))
 
     def send_and_receive(self, messages: Iterable[Message], timeout: float) -> list[Message]:
         messages, s = list(messages), self.strategy

@@ -78,9 +78,12 @@ class EnsembleDistillation(FedAvgStrategy, LibraryEnsemble):
     has_discriminators = False
     draws_distillation_set = True  # DaFKD draws its own from its own G every round
 
-    def __init__(self, setup: ServerSetup, record: RunRecord, weighting: WeightRule | None):
+    def __init__(self, setup: ServerSetup, record: RunRecord, weighting: WeightRule | None,
+                 **keywords):
+        """`keywords`: more of the library strategy's (FedGO's own)."""
         super().__init__(setup, record, unlabeled_data=setup.u,
-                         weighting=weighting or uniform_weights, **distillation_keywords(setup))
+                         weighting=weighting or uniform_weights, **distillation_keywords(setup),
+                         **keywords)
         self._generator: Generator | None = None
         self._grid = None  # the pre-FL stage's, for a generator the clients train (FedGAN)
         # theta_s of the last rounds (`past-teachers`, or the diagnostics')
@@ -89,7 +92,7 @@ class EnsembleDistillation(FedAvgStrategy, LibraryEnsemble):
         self.observers.append(EnsembleRecord(self))
 
     # --- the generator and the distillation set (FedGO's Table 2)
-    def generator(self) -> Generator:
+    def source_generator(self) -> Generator:
         """G from `generator-source`, obtained once per run (FedGAN's during the pre-FL
         stage, with the clients)."""
         if self._generator is None:
@@ -108,7 +111,7 @@ class EnsembleDistillation(FedAvgStrategy, LibraryEnsemble):
         super().prepare(grid)
         self._grid = grid
         if self.generated_set:
-            self.u = draw_images(self.generator(), self.cfg.distill_size, self.cfg.seed,
+            self.u = draw_images(self.source_generator(), self.cfg.distill_size, self.cfg.seed,
                                  self.setup.device)
             self.record.data["pre_fl"]["distillation_set"] = {
                 "generated": len(self.u), "redrawn": self.cfg.redraw_distill_set,
@@ -116,14 +119,10 @@ class EnsembleDistillation(FedAvgStrategy, LibraryEnsemble):
                 "sha256": hashlib.sha256(self.u.numpy().tobytes()).hexdigest()}
             log(INFO, "pre-FL: distillation set of %d images drawn from G", len(self.u))
 
-    def redraw_distillation_set(self, server_round: int) -> None:
+    def redrawn_set(self, server_round: int) -> torch.Tensor:
         """`redraw-distill-set`: a new set from G for this round (seeded by the round)."""
-        self.u = draw_images(self.generator(), self.cfg.distill_size,
-                             round_seed(self.cfg.seed, server_round), self.setup.device)
-        self.distillation_set_changed(server_round)
-
-    def distillation_set_changed(self, server_round: int) -> None:
-        """What a strategy recomputes on a new distillation set (FedGO: the odds on it)."""
+        return draw_images(self.source_generator(), self.cfg.distill_size,
+                           round_seed(self.cfg.seed, server_round), self.setup.device)
 
     # A generated distillation set goes into the checkpoints: a resumed run skips the pre-FL
     # stage that drew it; with redraws, so does G (FedGAN's would need the clients again).
@@ -135,7 +134,7 @@ class EnsembleDistillation(FedAvgStrategy, LibraryEnsemble):
         if self.generated_set:
             state["distillation_set"] = self.u
         if self.generated_set and self.cfg.redraw_distill_set:
-            g = self.generator()
+            g = self.source_generator()
             state["distillation_generator"] = {
                 "arguments": generator_arguments(g, self.setup.image_shape[0]),
                 "state": g.state_dict()}
@@ -154,20 +153,9 @@ class EnsembleDistillation(FedAvgStrategy, LibraryEnsemble):
             self._generator.eval()
 
     # --- the library's hooks: what the app's strategies score and teach with
-    def u_log_odds(self, keys: list[int], view: int) -> torch.Tensor:
-        """log Phi_k on view `view` of U, [K, |U|]; rules without discriminators ignore it."""
-        return torch.zeros(len(keys), len(self.u))
-
     def test_log_odds(self, keys: list[int]) -> torch.Tensor:
+        """log Phi_k on the test split, [K, N]; rules without discriminators ignore it."""
         return torch.zeros(len(keys), len(self.setup.test_y))
-
-    def scores(self, teachers: list[ClientModel], nets: list[torch.nn.Module],
-               u: torch.Tensor, samples: torch.Tensor, view: int
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The teachers' logits [K, S, C] and log Phi_k [K, S] on these samples of view
-        `view` of U (the library's hook, keyed by partition)."""
-        logits = self.logits_of(nets, u[samples], flip=view == 1)
-        return logits, self.u_log_odds([m.key for m in teachers], view)[:, samples]
 
     def test_scores(self, keys: list[int], nets: list[torch.nn.Module]
                     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -182,7 +170,7 @@ class EnsembleDistillation(FedAvgStrategy, LibraryEnsemble):
         """U, the set drawn from G in the pre-FL stage, or (`redraw-distill-set`) a new one
         from round 2 on."""
         if self.generated_set and self.cfg.redraw_distill_set and server_round > 1:
-            self.redraw_distillation_set(server_round)  # round 1 uses the pre-FL stage's
+            return self.redrawn_set(server_round)  # round 1 uses the pre-FL stage's
         return self.u
 
     def logits_of(self, nets: list[torch.nn.Module], x: torch.Tensor, flip: bool = False
@@ -214,8 +202,8 @@ class EnsembleDistillation(FedAvgStrategy, LibraryEnsemble):
     def update_average(self, server_round: int, averaged: dict[str, torch.Tensor],
                        models: list[AppModel]) -> dict[str, torch.Tensor]:
         report = self.report(server_round, averaged, models)
-        report.arrays, report.metrics = LibraryEnsemble.server_update(
-            self, server_round, report.averaged, report.clients, report)
+        report.arrays, report.metrics = self.server_update(
+            server_round, report.averaged, report.clients, report)
         for observe in self.observers:
             observe(report)
         return report.arrays.to_torch_state_dict()

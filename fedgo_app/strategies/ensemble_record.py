@@ -2,7 +2,8 @@
 `RoundReport` (fedgo_flwr.strategies.base). It writes the round's distillation, budget and
 guard into the run record with their seconds and bytes, and scores the weighted ensemble on
 the test split (`ensemble-test`) and, with `diagnostics`, every weighting rule and option on
-the same teachers. Nothing here changes the global model."""
+the same teachers; and FedGO's pre-FL stage (round 0). Nothing here changes the global
+model."""
 
 from __future__ import annotations
 
@@ -11,13 +12,13 @@ import time
 import torch
 
 from fedgo_flwr.diagnostics import (ensemble_diagnostics, lasting_diagnostics,
-                                     per_class_diagnostics)
+                                     per_class_diagnostics, phi_stats)
 from fedgo_flwr.distill import disagreement, ensemble_log_probs, floored
 from fedgo_flwr.strategies.base import RoundReport
 from fedgo_flwr.train import accuracy_and_loss
 from fedgo_flwr.weighting import past_member_shares, with_members
 
-SECONDS = ("pseudo_labelling", "distillation", "guard")  # the stages of report.seconds
+SECONDS = ("pseudo_labelling", "odds", "distillation", "guard")  # stages of report.seconds
 
 
 def without_seconds(info: dict) -> dict:
@@ -31,6 +32,8 @@ class EnsembleRecord:
         self.strategy = strategy
 
     def __call__(self, report: RoundReport) -> None:
+        if report.server_round == 0:
+            return self.stage(report)
         s, t = self.strategy, report.server_round
         cfg, entry, details = s.cfg, s.record.round(t), report.details
         for stage in SECONDS:
@@ -53,6 +56,36 @@ class EnsembleRecord:
             self.guard(report, entry)
         if "teachers" in details and (cfg.ensemble_test or cfg.diagnostics):
             self.score_ensemble(report, entry)
+
+    def stage(self, report: RoundReport) -> None:
+        """FedGO's pre-FL stage (or discriminators that join after it), by partition id: the
+        replies' tally, each D_k's loss and calibration, its clients' compute, the odds on U,
+        the screen, seconds and bytes."""
+        s, details = self.strategy, report.details
+        pre_fl, received = s.record.data["pre_fl"], details.get("discriminators", {})
+        for stage, seconds in report.seconds.items():
+            s.record.time(stage, seconds)
+        for direction, nbytes in report.bytes.items():
+            s.record.sent("pre_fl", direction, nbytes)
+        s.record.client_seconds("discriminators", sum(
+            float(m.get("discriminator-seconds", 0.0)) for m in received.values()))
+        if "joined_late" in details:
+            pre_fl.setdefault("joined_late", []).extend(details["joined_late"])
+        else:
+            pre_fl["replies"] = {
+                "asked": len(report.sampled), "missing": details["missing"],
+                **{kind: {str(k): why for k, why in details.get(kind, {}).items()}
+                   for kind in ("failed", "rejected")}, "usable": len(received)}
+            if s.negatives == "server-sample":
+                pre_fl["server_sample"] = min(s.server_sample_size, len(s.u))
+        pre_fl.setdefault("discriminator_loss", {}).update(
+            {str(k): m.get("discriminator-loss") for k, m in received.items()})
+        if s.calibrated:
+            pre_fl.setdefault("calibration", {}).update(
+                {str(k): [m["odds-scale"], m["odds-shift"]] for k, m in received.items()})
+        if "screened" in details:
+            pre_fl["screened"] = {str(k): why for k, why in details["screened"].items()}
+        pre_fl["phi_on_u"] = phi_stats(torch.stack([s.log_odds[k] for k in sorted(s.log_odds)]))
 
     def guard(self, report: RoundReport, entry: dict) -> None:
         """The guard's choice, who judged, and (diagnostics) what the test split says of it."""

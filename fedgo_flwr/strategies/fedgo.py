@@ -25,12 +25,14 @@ from fedgo_flwr.gan import (Negatives, calibrate_discriminator, generator_negati
                             image_negatives, log_odds, train_discriminator, train_wgan_gp)
 from fedgo_flwr.inputs import images_of
 from fedgo_flwr.models import Critic, Discriminator, Generator
-from fedgo_flwr.replies import examples_problem, state_problem
-from fedgo_flwr.strategies.base import ClientModel, message_seed
+from fedgo_flwr.defences import screen_odds
+from fedgo_flwr.replies import examples_problem, payload_bytes, state_problem
+from fedgo_flwr.strategies.base import ClientModel, RoundReport, message_seed
 from fedgo_flwr.strategies.ensemble import EnsembleDistillation
 from fedgo_flwr.weighting import WEIGHTINGS
 
 TRAIN_DISCRIMINATOR = "train.discriminator"  # the pre-FL stage's message type
+NEGATIVES = ("generator", "server-sample")
 SERVER_SAMPLE = "server-sample"  # an ArrayRecord of the server's images, sent instead of G
 POLL_SECONDS = 0.5
 
@@ -62,6 +64,20 @@ class FedGO(EnsembleDistillation):
     calibration_fraction : float (default: 0.0)
         Above 0 (not in the paper): each client holds out this share of its data, fits
         Platt's calibration of D_k on it and the odds are a * logit + b, uncapped.
+    discriminator_negatives : str (default: "generator")
+        What D_k learns against: "generator" (G, the paper) or "server-sample" (not in the
+        paper: `server_sample_size` images of U, drawn by the seed, sent instead of G).
+    server_sample_size : int (default: 1000)
+    odds_screen : float | None (default: None)
+        Not in the paper: after the pre-FL stage, leave out of the odds each D_k whose odds
+        on U are saturated, constant, or more than this many robust z-scores from the
+        others' (fedgo_flwr.defences.screen_odds); its client still trains. None keeps
+        every D_k. With the screen on, late discriminators are not taken.
+
+    Each pre-FL stage (and each discriminator that joins later) is given to the
+    `observers` as a `RoundReport` of round 0: `details` holds every usable D_k's metrics by
+    client key ("discriminators"), the failed and rejected replies with their reasons,
+    the missing clients, the screened ones and "joined_late".
     """
 
     def __init__(self, *, unlabeled_data, model_fn, weighting="odds", generator=None,
@@ -69,7 +85,9 @@ class FedGO(EnsembleDistillation):
                  generator_width: int = 64, critic_steps: int = 5, gp_weight: float = 10.0,
                  gan_lr: float = 2e-4, gan_batch_size: int = 64, discriminator_epochs: int = 30,
                  discriminator_lr: float = 2e-4, discriminator_width: int = 64,
-                 calibration_fraction: float = 0.0, **kwargs) -> None:
+                 calibration_fraction: float = 0.0, discriminator_negatives: str = "generator",
+                 server_sample_size: int = 1000, odds_screen: float | None = None,
+                 **kwargs) -> None:
         if isinstance(weighting, str):
             if weighting not in WEIGHTINGS or weighting.startswith("class-count"):
                 raise ValueError(f"weighting {weighting!r}; allowed: " + ", ".join(
@@ -82,7 +100,13 @@ class FedGO(EnsembleDistillation):
                             f"it from its weights), not {type(generator).__name__}")
         if not 0.0 <= calibration_fraction < 1.0:
             raise ValueError(f"calibration_fraction is {calibration_fraction}; allowed: [0, 1)")
+        if discriminator_negatives not in NEGATIVES:
+            raise ValueError(f"discriminator_negatives is {discriminator_negatives!r}; "
+                             f"allowed: {', '.join(NEGATIVES)}")
+        self.negatives, self.server_sample_size = discriminator_negatives, server_sample_size
+        self.odds_screen = odds_screen
         self.generator = generator
+        self.odds_seconds = 0.0
         self.gan = dict(steps=generator_steps, latent_dim=latent_dim, width=generator_width,
                         critic_steps=critic_steps, gp_weight=gp_weight, lr=gan_lr,
                         batch_size=gan_batch_size)
@@ -93,26 +117,57 @@ class FedGO(EnsembleDistillation):
             "calibration-fraction": calibration_fraction})
         c, h = self.u.shape[1], self.u.shape[2]
         self.discriminator_template = Discriminator(c, h, discriminator_width).state_dict()
-        self.log_odds: dict[int, torch.Tensor] = {}  # node id -> log Phi_k on U, [V, |U|]
-        self.discriminators: dict[int, tuple[Discriminator, tuple | None]] = {}
-        self.round_odds: tuple[torch.Tensor | None, dict[int, torch.Tensor]] = (None, {})
-        self.asked: set[int] = set()  # nodes that were sent G
-        self.pending: dict[str, int] = {}  # message id -> node id, D_k not yet back
+        self.log_odds: dict = {}  # client key -> log Phi_k on U, [V, |U|]
+        self.discriminators: dict = {}  # client key -> (D_k, its calibration or None)
+        self.round_odds: tuple[torch.Tensor | None, dict] = (None, {})
+        self.asked: set = set()  # client keys that were sent G
+        self.pending: dict[str, tuple[int, object]] = {}  # message id -> (node, key)
+        self.stage: RoundReport | None = None  # the pre-FL stage of this `start`
 
     # --- pre-FL stage
     def pre_fl(self, grid: Grid, timeout: float) -> None:
         """G (trained on U unless given), sent to every node; their D_k back, as odds on U."""
-        if self.generator is None:
+        self.stage = report = RoundReport(0, {}, [], {}, None, None, {})
+        if self.negatives == "generator" and self.generator is None:
+            start = time.perf_counter()
             self.generator = self.train_generator()
+            report.seconds["generator_training"] = time.perf_counter() - start
         _, nodes = sample_nodes(grid, self.min_available_nodes, 0)
-        log(INFO, "pre-FL: sending G to %d nodes for their discriminators", len(nodes))
-        self.send_generator(grid, nodes)
+        report.sampled = self.client_keys.keys(grid, nodes)
+        log(INFO, "pre-FL: sending the %s to %d clients for their discriminators",
+            self.negatives, len(report.sampled))
+        start = time.perf_counter()
+        self.send_generator(grid, report.sampled, report)
         deadline = time.monotonic() + timeout
         while self.pending and time.monotonic() < deadline:
-            self.receive_discriminators(grid)
+            self.receive_discriminators(grid, report)
             time.sleep(POLL_SECONDS if self.pending else 0)
+        report.seconds["discriminator_training"] = time.perf_counter() - start
+        report.details["missing"] = sorted(key for _, key in self.pending.values())
+        if not self.log_odds:
+            raise RuntimeError(f"pre-FL: no client returned a usable discriminator "
+                               f"(left out: {report.left_out or 'none answered'})")
+        if self.odds_screen is not None:
+            self.screen(report)
         log(INFO, "pre-FL: %d of %d discriminators in%s", len(self.log_odds), len(nodes),
             f"; {len(self.pending)} may still come" if self.pending else "")
+        for observe in self.observers:
+            observe(report)
+
+    def screen(self, report: RoundReport) -> None:
+        """`odds_screen`: D_k whose odds on U are saturated, constant or far from the rest
+        leave the odds; their clients train on."""
+        keys = sorted(self.log_odds)
+        flagged = screen_odds(torch.stack([self.log_odds[k][0] for k in keys]),
+                              not self.discriminator_config["calibration-fraction"],
+                              self.odds_screen)
+        report.details["screened"] = {keys[row]: why for row, why in flagged.items()}
+        for key, why in report.details["screened"].items():
+            log(WARNING, "pre-FL: the discriminator of client %s leaves the odds: %s", key, why)
+            del self.log_odds[key], self.discriminators[key]
+        if not self.log_odds:
+            raise RuntimeError(f"pre-FL: the screen left no discriminator: "
+                               f"{report.details['screened']}")
 
     def train_generator(self) -> Generator:
         """G1: WGAN-GP on U, seeded."""
@@ -134,34 +189,62 @@ class FedGO(EnsembleDistillation):
         log(INFO, "pre-FL: generator trained in %.1fs", info["seconds"])
         return generator.cpu().eval()
 
-    def send_generator(self, grid: Grid, nodes) -> None:
-        """Push G to these nodes without waiting; their replies are pulled later."""
-        nodes = [n for n in nodes if n not in self.asked]
-        if not nodes:
-            return
-        config = ConfigRecord({**self.discriminator_config,
-                               "latent-dim": self.generator.latent_dim,
-                               "generator-width": self.generator.dim})
-        content = RecordDict({"generator": ArrayRecord(self.generator.state_dict()),
-                              "config": config})
-        messages = [Message(content, dst_node_id=n, message_type=TRAIN_DISCRIMINATOR)
-                    for n in nodes]
-        self.pending.update(zip(grid.push_messages(messages), nodes))
-        self.asked.update(nodes)
+    def negatives_record(self) -> tuple[str, ArrayRecord, ConfigRecord]:
+        """What the clients' D_k learn against, and the stage's config."""
+        if self.negatives == "server-sample":
+            order = torch.randperm(len(self.u), generator=torch.Generator().manual_seed(self.seed))
+            images = self.u[order[:self.server_sample_size]].clone()
+            return SERVER_SAMPLE, ArrayRecord({"images": images}), self.discriminator_config
+        return "generator", ArrayRecord(self.generator.state_dict()), ConfigRecord({
+            **self.discriminator_config, "latent-dim": self.generator.latent_dim,
+            "generator-width": self.generator.dim})
 
-    def receive_discriminators(self, grid: Grid) -> None:
-        """Pull whatever D_k has come back and turn each usable one into odds on U."""
+    def send_generator(self, grid: Grid, keys: dict[int, object],
+                       report: RoundReport | None = None) -> None:
+        """Push G (or the server's sample) to the clients of these nodes (node id -> key)
+        not asked yet, without waiting; their replies are pulled later."""
+        keys = {n: k for n, k in keys.items() if k not in self.asked}
+        if not keys:
+            return
+        name, arrays, config = self.negatives_record()
+        content = RecordDict({name: arrays, "config": config})
+        messages = [Message(content, dst_node_id=n, message_type=TRAIN_DISCRIMINATOR)
+                    for n in keys]
+        self.pending.update(zip(grid.push_messages(messages), keys.items()))
+        self.asked.update(keys.values())
+        if report is not None:
+            report.bytes["down"] = report.bytes.get("down", 0) + arrays.count_bytes() * len(keys)
+
+    def receive_discriminators(self, grid: Grid, report: RoundReport | None = None) -> None:
+        """Pull whatever D_k has come back and turn each usable one into odds on U; after
+        the stage (no `report`), those that join are reported to the observers."""
+        late = report is None
+        report = report or RoundReport(0, {}, [], {}, None, None, {})
         for reply in grid.pull_messages(list(self.pending)):
-            node = self.pending.pop(reply.metadata.reply_to_message_id, None)
+            node, key = self.pending.pop(reply.metadata.reply_to_message_id, (None, None))
             if node is None:
                 continue
+            report.bytes["up"] = report.bytes.get("up", 0) + payload_bytes([reply])
             why = (f"failed: {reply.error.reason}" if reply.has_error()
+                   else "the odds screen is on: it weighs every D_k of the stage at once"
+                   if late and self.odds_screen is not None
                    else self.discriminator_problem(reply))
             if why:
-                log(WARNING, "discriminator of node %d left out: %s", node, why)
+                log(WARNING, "discriminator of client %s (node %d) left out: %s", key, node, why)
+                report.left_out[key] = why
+                report.details.setdefault("failed" if reply.has_error() else "rejected",
+                                          {})[key] = why
                 continue
-            self.log_odds[node] = self.odds_on_u(node, reply)
-            log(INFO, "discriminator of node %d in (%d in all)", node, len(self.log_odds))
+            start = time.perf_counter()
+            self.log_odds[key] = self.odds_on_u(key, reply)
+            report.seconds["odds"] = report.seconds.get("odds", 0.0) + time.perf_counter() - start
+            report.details.setdefault("discriminators", {})[key] = dict(
+                reply.content.metric_records["metrics"])
+            log(INFO, "discriminator of client %s in (%d in all)", key, len(self.log_odds))
+        if late and report.details.get("discriminators"):
+            report.details["joined_late"] = sorted(report.details["discriminators"])
+            for observe in self.observers:
+                observe(report)
 
     def discriminator_problem(self, reply: Message) -> str | None:
         content = reply.content
@@ -176,7 +259,7 @@ class FedGO(EnsembleDistillation):
             return f"calibration (odds-scale, odds-shift) is ({a}, {b}); expected a > 0, b finite"
         return None
 
-    def odds_on_u(self, node: int, reply: Message) -> torch.Tensor:
+    def odds_on_u(self, key, reply: Message) -> torch.Tensor:
         """log Phi_k on every view of U, [V, |U|] (D_k kept for other distillation sets)."""
         c, h = self.u.shape[1], self.u.shape[2]
         d = Discriminator(c, h, int(self.discriminator_config["discriminator-width"]))
@@ -184,43 +267,54 @@ class FedGO(EnsembleDistillation):
         metrics = reply.content.metric_records["metrics"]
         calibration = ((float(metrics["odds-scale"]), float(metrics["odds-shift"]))
                        if self.discriminator_config["calibration-fraction"] else None)
-        self.discriminators[node] = (d.eval(), calibration)
+        self.discriminators[key] = (d.eval(), calibration)
         return self.odds_on(d, calibration, self.u)
 
     def odds_on(self, d: Discriminator, calibration, x: torch.Tensor) -> torch.Tensor:
         return torch.stack([log_odds(d, x, device=self.device, flip=v == 1,
                                      calibration=calibration) for v in range(self.views)])
 
-    def odds(self, node: int, u: torch.Tensor) -> torch.Tensor:
+    def odds(self, key, u: torch.Tensor) -> torch.Tensor:
         """log Phi_k on every view of the distillation set u: cached on U, computed once a
         round on a set of `distillation_sets`."""
         if u is self.u:
-            return self.log_odds[node]
+            return self.log_odds[key]
         if self.round_odds[0] is not u:
             self.round_odds = (u, {})
         cached = self.round_odds[1]
-        if node not in cached:
-            cached[node] = self.odds_on(*self.discriminators[node], u)
-        return cached[node]
+        if key not in cached:
+            start = time.perf_counter()
+            cached[key] = self.odds_on(*self.discriminators[key], u)
+            self.odds_seconds += time.perf_counter() - start
+        return cached[key]
 
     # --- main FL
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid):
         """FedAvg's, after taking in late discriminators and sending G to new nodes."""
-        self.receive_discriminators(grid)
-        self.send_generator(grid, grid.get_node_ids())
+        self.take_latecomers(grid)
         return super().configure_train(server_round, arrays, config, grid)
 
+    def take_latecomers(self, grid: Grid) -> None:
+        """Late D_k join the odds; a client seen first now is sent G (not with the odds
+        screen, nor in a `start` that had no pre-FL stage: nothing to send)."""
+        self.receive_discriminators(grid)
+        if self.stage is not None and self.odds_screen is None:
+            self.send_generator(grid, self.client_keys.keys(grid, grid.get_node_ids()))
+
     def teachers(self, models: list[ClientModel]) -> list[ClientModel]:
-        return [m for m in models if m.node_id in self.log_odds]
+        return [m for m in models if m.key in self.log_odds]
 
     def server_update(self, server_round, averaged, models, report):
+        self.odds_seconds = 0.0
         arrays, info = super().server_update(server_round, averaged, models, report)
+        if self.odds_seconds:  # a set of `distillation_sets` scored by the D_k
+            report.seconds["odds"] = self.odds_seconds
         return arrays, {**info, "discriminators": len(self.log_odds)}
 
     def scores(self, teachers, nets, u, samples, view):
         logits, _ = super().scores(teachers, nets, u, samples, view)
-        return logits, torch.stack([self.odds(m.node_id, u)[view, samples] for m in teachers])
+        return logits, torch.stack([self.odds(m.key, u)[view, samples] for m in teachers])
 
 
 # ---------------------------------------------------------------------------- client side
