@@ -202,3 +202,36 @@ def test_the_cosine_schedule_anneals_over_schedule_rounds():
     lr = [result.train_metrics_clientapp[t]["distill-lr"] for t in (1, 2)]
     assert lr == pytest.approx([1e-3, 0.5e-3 * (1 + math.cos(math.pi / 10))])
     assert short.train_metrics_clientapp[2]["distill-lr"] == pytest.approx(0.5e-3)
+
+
+def test_feddf_as_published_is_a_keyword_with_its_step_budget_and_labelled_images():
+    reports = Reports()
+    published = FedDF(unlabeled_data=U, model_fn=UserNet, published=True, published_steps=3,
+                      published_batch_size=16, validation_data=TEST, eval_every=1,
+                      observers=[reports], **SMALL)
+    run(published, rounds=2)
+    for report in reports:
+        info = report.details["distillation"]
+        assert info["distill_steps"] <= 3 and 0 <= info["val_acc"] <= 1
+        assert info["distill_lr"] == published.distill_lr  # restarted every round
+    with pytest.raises(ValueError, match="validation_data is given, but published is False"):
+        FedDF(unlabeled_data=U, model_fn=UserNet, validation_data=TEST)
+
+
+def test_fedgos_negatives_can_be_a_sample_of_u_and_its_odds_screened():
+    grid = InProcessGrid(user_client_app(), {}, NODES)
+    reports = Reports()
+    strategy = FedGO(unlabeled_data=U, model_fn=UserNet, discriminator_negatives="server-sample",
+                     server_sample_size=24, odds_screen=0.0, observers=[reports],
+                     **SMALL, **SMALL_GAN)
+    run(strategy, grid, rounds=1)
+    asked = [m for m in grid.sent if m.metadata.message_type == "train.discriminator"]
+    assert len(asked) == NODES and all(
+        m.content["server-sample"].to_torch_state_dict()["images"].shape[0] == 24
+        and "generator" not in m.content.array_records for m in asked)
+    assert strategy.generator is None  # no G trained for a sample of U
+    (stage,) = reports.stages
+    assert stage.details["screened"]  # z = 0: every D_k off the median is out, not all
+    assert set(stage.details["screened"]).isdisjoint(strategy.log_odds) and strategy.log_odds
+    with pytest.raises(ValueError, match="discriminator_negatives is 'noise'; allowed"):
+        FedGO(unlabeled_data=U, model_fn=UserNet, discriminator_negatives="noise")

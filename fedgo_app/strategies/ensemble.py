@@ -36,7 +36,7 @@ from fedgo_flwr.seeds import round_seed
 from fedgo_flwr.strategies.base import ClientModel, RoundReport
 from fedgo_flwr.strategies.ensemble import EnsembleDistillation as LibraryEnsemble
 from fedgo_flwr.teachers import PastTeachers, teacher_logits
-from fedgo_flwr.weighting import WeightRule, uniform_weights
+from fedgo_flwr.weighting import WeightRule
 
 
 # What every ensemble strategy reads and how a results table marks its departures.
@@ -80,9 +80,11 @@ class EnsembleDistillation(FedAvgStrategy, LibraryEnsemble):
 
     def __init__(self, setup: ServerSetup, record: RunRecord, weighting: WeightRule | None,
                  **keywords):
-        """`keywords`: more of the library strategy's (FedGO's own)."""
-        super().__init__(setup, record, unlabeled_data=setup.u,
-                         weighting=weighting or uniform_weights, **distillation_keywords(setup),
+        """`weighting`: w_k(u), or None for the library strategy's own (FedDF's uniform,
+        FedGO's odds); `keywords`: more of the library strategy's (FedGO's, FedDF's)."""
+        if weighting is not None:
+            keywords["weighting"] = weighting
+        super().__init__(setup, record, unlabeled_data=setup.u, **distillation_keywords(setup),
                          **keywords)
         self._generator: Generator | None = None
         self._grid = None  # the pre-FL stage's, for a generator the clients train (FedGAN)

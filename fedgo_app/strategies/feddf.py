@@ -1,6 +1,7 @@
-"""FedDF (Lin et al., 2020): ensemble distillation with UNIFORM weights. The student starts
-from this round's n_k-weighted average; the teacher is the plain mean of the client logits;
-KL(teacher || student) at temperature 1.
+"""FedDF (Lin et al., 2020) in the app: the library's FedDF (fedgo_flwr.strategies.feddf),
+ensemble distillation with UNIFORM weights. The student starts from this round's n_k-weighted
+average; the teacher is the plain mean of the client logits; KL(teacher || student) at
+temperature 1.
 
 By default FedDF distils exactly as every other ensemble strategy here (E_s passes over U, the
 shared optimiser and schedule, no labelled data), as the FedGO paper trains its baselines
@@ -11,21 +12,17 @@ best checkpoint."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from logging import INFO
 
-import torch
 from flwr.common.logger import log
 
-from fedgo_flwr.distill import distill_early_stopping, draw_batches
 from fedgo_flwr.keys import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, check, key
 from fedgo_app.server.record import RunRecord
 from fedgo_app.strategies.base import ServerSetup
 from fedgo_app.strategies.ensemble import ENSEMBLE_CLIENT, MARKS, READS, EnsembleDistillation
 from fedgo_app.strategies.registry import StrategySpec
-from fedgo_flwr.seeds import round_seed
-from fedgo_flwr.weighting import uniform_weights
+from fedgo_flwr.strategies.feddf import FedDF as LibraryFedDF
 
 
 @dataclass(frozen=True)
@@ -51,39 +48,21 @@ class FedDFKeys:
               "strategy = \"feddf\"), distillation-guard = \"labelled-val\" or val-size = 0")
 
 
-class FedDF(EnsembleDistillation):
+class FedDF(EnsembleDistillation, LibraryFedDF):
+    """The library's FedDF, its published update behind `feddf-published`."""
+
     def __init__(self, setup: ServerSetup, record: RunRecord):
-        super().__init__(setup, record, uniform_weights)
-        self.keys = keys = setup.cfg.keys("feddf")
+        keys = setup.cfg.keys("feddf")
+        validation = ((setup.val_x, setup.val_y) if keys.published and len(setup.val_y)
+                      else None)
+        super().__init__(setup, record, None, published=keys.published,
+                         published_steps=keys.steps, published_batch_size=keys.batch_size,
+                         clip_norm=keys.clip_norm, validation_data=validation,
+                         eval_every=keys.eval_every, patience=keys.patience)
         if keys.published:
             log(INFO, "FedDF as published: %d steps of batch %d a round, %s", keys.steps,
                 keys.batch_size, f"early stopping on {len(setup.val_y)} labelled images"
                 if len(setup.val_y) else "no early stopping (val-size = 0)")
-
-    def distill_batches(self, server_round: int, u: torch.Tensor) -> list[torch.Tensor]:
-        """Published: the step budget, feddf-steps minibatches of shuffled passes over U."""
-        keys, n = self.keys, len(u)
-        if not keys.published:
-            return super().distill_batches(server_round, u)
-        epochs = math.ceil(keys.steps / math.ceil(n / keys.batch_size)) if n else 0
-        return draw_batches(n, self.views, epochs=epochs, batch_size=keys.batch_size,
-                            seed=round_seed(self.seed, server_round),
-                            view_draw=self.view_draw)[:keys.steps]
-
-    def distill_student(self, server_round: int, student: torch.nn.Module, u: torch.Tensor,
-                        targets: torch.Tensor, batches: list[torch.Tensor]) -> dict:
-        """Published: Adam restarted every round over the step budget, clipped, with early
-        stopping on the labelled images (fedgo_flwr.distill.distill_early_stopping)."""
-        keys, lr = self.keys, self.cfg.server_lr
-        if not keys.published:
-            return super().distill_student(server_round, student, u, targets, batches)
-        validation = (self.setup.val_x, self.setup.val_y) if len(self.setup.val_y) else None
-        info = distill_early_stopping(
-            student, u, targets, batches=batches, lr=lr, device=self.setup.device,
-            validation=validation, eval_every=keys.eval_every, patience=keys.patience,
-            clip_norm=keys.clip_norm, amp=self.setup.amp, optimizer=self.cfg.optimizer,
-            momentum=self.cfg.momentum)
-        return {**info, "distill_lr": lr}
 
 
 def row_name(config) -> str:
