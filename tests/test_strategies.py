@@ -269,7 +269,8 @@ def test_dafkd_averages_g_and_heads_by_n_k_and_weights_by_this_rounds_discrimina
         tiny_config, monkeypatch):
     import dataclasses
     from fedgo_app.strategies.base import ClientModel
-    from fedgo_app.strategies.dafkd import DaFKD, discriminator_head
+    from fedgo_app.strategies.dafkd import DaFKD
+    from fedgo_flwr.strategies.dafkd import discriminator_head
     from fedgo_flwr.weighting import domain_aware_weights
 
     made = []

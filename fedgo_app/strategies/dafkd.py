@@ -28,17 +28,16 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from torch import nn
 
 from fedgo_app.client_context import Local, config_of
-from fedgo_flwr.gan import draw_images
 from fedgo_flwr.keys import NON_NEGATIVE, key
-from fedgo_flwr.models import Generator, generator_fits
-from fedgo_flwr.seeds import client_seed, round_seed
+from fedgo_flwr.models import generator_fits
+from fedgo_flwr.seeds import client_seed
 from fedgo_app.server.record import RunRecord
-from fedgo_app.strategies.base import CLIENT, ClientModel, ServerSetup, weighted_average
+from fedgo_app.strategies.base import CLIENT, ServerSetup
 from fedgo_app.strategies.ensemble import MARKS, READS, EnsembleDistillation
 from fedgo_app.strategies.registry import StrategySpec
-from fedgo_flwr.strategies.dafkd import GENERATOR, HEAD, discriminator_head, domain_scores
+from fedgo_flwr.strategies.dafkd import GENERATOR, HEAD, domain_scores
+from fedgo_flwr.strategies.dafkd import DaFKD as LibraryDaFKD
 from fedgo_flwr.strategies.dafkd import domain_aware_update as domain_aware_update_on
-from fedgo_flwr.weighting import domain_aware_weights
 
 
 @dataclass(frozen=True)
@@ -50,27 +49,25 @@ class DaFKDKeys:
 
 
 # ---------------------------------------------------------------------------- server side
-class DaFKD(EnsembleDistillation):
+class DaFKD(EnsembleDistillation, LibraryDaFKD):
+    """The library's DaFKD (its server update: the heads and G averaged, the round's set
+    drawn from G, the domain-aware weights); the app sends its messages as `train`, with G,
+    the global head and G's settings."""
     mixes_architectures = False  # one discriminator head on one latent space
     draws_distillation_set = False  # its own, from its collaboratively trained G, every round
     has_discriminators = True
     carried = ("generator", "head")  # the global G and D head; the rest is made each round
 
     def __init__(self, setup: ServerSetup, record: RunRecord):
-        super().__init__(setup, record, domain_aware_weights)
         cfg = setup.cfg
-        self.keys = setup.cfg.keys("dafkd")
-        c, h, _ = setup.image_shape
-        generator_fits(h, cfg.dataset)
-        with torch.random.fork_rng():
-            torch.manual_seed(cfg.seed)
-            self.generator = Generator(cfg.latent_dim, c, h, cfg.generator_width)
-            self.head = discriminator_head(setup.latent_dim("dafkd"))
-        self.heads: dict[int, dict[str, torch.Tensor]] = {}  # partition -> this round's D_k head
-        self.size = len(setup.u)  # generated distillation set, as large as U is for the others
+        generator_fits(setup.image_shape[1], cfg.dataset)
+        setup.latent_dim("dafkd")  # a model without a latent layer is refused, saying why
+        super().__init__(setup, record, None, gan_rounds=cfg.keys("dafkd").gan_rounds,
+                         latent_dim=cfg.latent_dim, generator_width=cfg.generator_width,
+                         gan_lr=cfg.gan_lr)
 
-    def trains_generator(self, server_round: int) -> bool:
-        return server_round <= self.keys.gan_rounds
+    distillation_set = LibraryDaFKD.distillation_set
+    scores = LibraryDaFKD.scores
 
     def train_content(self, server_round: int, arrays: ArrayRecord) -> RecordDict:
         content = super().train_content(server_round, arrays)
@@ -80,10 +77,9 @@ class DaFKD(EnsembleDistillation):
 
     def train_config(self, server_round: int) -> ConfigRecord:
         conf = super().train_config(server_round)
-        cfg = self.cfg
         conf.update({"train-generator": self.trains_generator(server_round),
-                     "latent-dim": cfg.latent_dim, "generator-width": cfg.generator_width,
-                     "gan-lr": cfg.gan_lr})
+                     "latent-dim": self.generator.latent_dim,
+                     "generator-width": self.generator.dim, "gan-lr": self.gan_lr})
         return conf
 
     def train_extras(self, server_round: int) -> dict[str, dict[str, torch.Tensor]]:
@@ -93,35 +89,15 @@ class DaFKD(EnsembleDistillation):
             need[GENERATOR] = self.generator.state_dict()
         return need
 
-    def update_average(self, server_round: int, averaged: dict[str, torch.Tensor],
-                       models: list[ClientModel]) -> dict[str, torch.Tensor]:
-        self.heads = {m.partition_id: m.extras[HEAD] for m in models}
-        self.head.load_state_dict(self.average(models, HEAD, self.head))
-        if self.trains_generator(server_round):
-            self.generator.load_state_dict(self.average(models, GENERATOR, self.generator))
-        # the round's distillation set: |U| images of the global G
-        self.u = draw_images(self.generator, self.size, round_seed(self.cfg.seed, server_round),
-                             self.setup.device)
-        return super().update_average(server_round, averaged, models)
-
-    @staticmethod
-    def average(models: list[ClientModel], key: str, net: nn.Module) -> dict:
-        """sum_k n_k / sum_i n_i of the clients' `key` arrays."""
-        parts = [ClientModel(m.partition_id, m.num_examples, m.extras[key], {}) for m in models]
-        return weighted_average(parts, net.state_dict())
-
-    def domain_scores(self, keys: list[int], nets: list[nn.Module], x: torch.Tensor,
-                      flip: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each client's class logits [K, N, C] and logit D_k(x) [K, N] (fedgo_flwr's)."""
-        return domain_scores(nets, [self.heads[k] for k in keys], x, flip=flip,
-                             device=self.setup.device, amp=self.setup.amp)
-
-    def scores(self, teachers, nets, u, samples, view):
-        return self.domain_scores([m.key for m in teachers], nets, u[samples], flip=view == 1)
-
     def test_scores(self, keys: list[int], nets: list[nn.Module]
                     ) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.domain_scores(keys, nets, self.setup.test_x)
+        """Each client's class logits [K, N, C] and logit D_k(x) [K, N] on the test split."""
+        return domain_scores(nets, [self.heads[k] for k in keys], self.setup.test_x,
+                             flip=False, device=self.setup.device, amp=self.setup.amp)
+
+    def update_average(self, server_round, averaged, models):
+        self.heads = {m.partition_id: m.extras[HEAD] for m in models}  # the test score's
+        return super().update_average(server_round, averaged, models)
 
 
 # ---------------------------------------------------------------------------- client side

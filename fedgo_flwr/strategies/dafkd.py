@@ -152,13 +152,13 @@ class DaFKD(EnsembleDistillation):
         if image_shape is None:
             raise ValueError("DaFKD needs image_shape (C, H, W), or unlabeled_data to take it "
                              "from")
-        model = model_fn()
-        if why := feature_space_problem(model):
-            raise TypeError(f"DaFKD works on the model's latent layer: {why}")
         c, h, _ = image_shape
-        with torch.random.fork_rng():
+        with torch.random.fork_rng():  # G, then the model, then the head: from the seed alone
             torch.manual_seed(self.seed)
             self.generator = Generator(latent_dim, c, h, generator_width)
+            model = model_fn()
+            if why := feature_space_problem(model):
+                raise TypeError(f"DaFKD works on the model's latent layer: {why}")
             self.head = discriminator_head(model.latent_dim)
         self.distill_size, self.gan_rounds, self.gan_lr = distill_size or 3000, gan_rounds, gan_lr
 
