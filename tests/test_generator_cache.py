@@ -7,7 +7,7 @@ import torch
 from fedgo_app.data import server_data
 from fedgo_app.generator_cache import entry_path, generator_description
 from fedgo_app.server.record import RunRecord
-from fedgo_app.strategies import FedGO, ServerSetup
+from fedgo_app.strategies import FedGOApp, ServerSetup
 
 CPU = torch.device("cpu")
 
@@ -15,7 +15,7 @@ CPU = torch.device("cpu")
 def _obtain(cfg):
     u, test_x, test_y = server_data(cfg)
     record = RunRecord(cfg.to_run_config(), cfg.run_name)
-    strategy = FedGO(ServerSetup(cfg, u, test_x, test_y, 10, CPU), record)
+    strategy = FedGOApp(ServerSetup(cfg, u, test_x, test_y, 10, CPU), record)
     generator = strategy.source_generator()
     return generator.state_dict(), record.data["pre_fl"]["generator"]
 

@@ -269,13 +269,13 @@ def test_dafkd_averages_g_and_heads_by_n_k_and_weights_by_this_rounds_discrimina
         tiny_config, monkeypatch):
     import dataclasses
     from fedgo_app.strategies.base import ClientModel
-    from fedgo_app.strategies.dafkd import DaFKD
+    from fedgo_app.strategies.dafkd import DaFKDApp
     from fedgo_flwr.strategies.dafkd import discriminator_head
     from fedgo_flwr.weighting import domain_aware_weights
 
     made = []
     monkeypatch.setitem(STRATEGIES, "dafkd", dataclasses.replace(
-        STRATEGIES["dafkd"], server=lambda s, r: made.append(DaFKD(s, r)) or made[-1]))
+        STRATEGIES["dafkd"], server=lambda s, r: made.append(DaFKDApp(s, r)) or made[-1]))
     replies = []
     cfg = tiny_config.replace(strategy="dafkd", num_server_rounds=2, dafkd_gan_rounds=1,
                               diagnostics=True)

@@ -4,9 +4,9 @@ handlers, declared keys). A new method is one module and one line here."""
 from fedgo_app.strategies.base import FEDAVG, FedAvgStrategy, RoundGrid, ServerSetup
 from fedgo_app.strategies.dafkd import DAFKD
 from fedgo_app.strategies.fedbpg import FEDBPG
-from fedgo_app.strategies.feddf import FEDDF, FedDF
+from fedgo_app.strategies.feddf import FEDDF, FedDFApp
 from fedgo_app.strategies.fedgen import FEDGEN
-from fedgo_app.strategies.fedgo import FEDGO, FedGO
+from fedgo_app.strategies.fedgo import FEDGO, FedGOApp
 from fedgo_app.strategies.fedprox import FEDPROX
 from fedgo_app.strategies.registry import Registry, StrategySpec
 
@@ -22,5 +22,5 @@ for spec in (
 ):
     STRATEGIES.register(spec)
 
-__all__ = ["STRATEGIES", "FedAvgStrategy", "FedDF", "FedGO", "RoundGrid", "ServerSetup",
+__all__ = ["STRATEGIES", "FedAvgStrategy", "FedDFApp", "FedGOApp", "RoundGrid", "ServerSetup",
            "StrategySpec"]

@@ -33,7 +33,7 @@ from fedgo_flwr.models import generator_fits
 from fedgo_flwr.seeds import client_seed
 from fedgo_app.server.record import RunRecord
 from fedgo_app.strategies.base import CLIENT, ServerSetup
-from fedgo_app.strategies.ensemble import MARKS, READS, EnsembleDistillation
+from fedgo_app.strategies.ensemble import MARKS, READS, EnsembleApp
 from fedgo_app.strategies.registry import StrategySpec
 from fedgo_flwr.strategies.dafkd import GENERATOR, HEAD, domain_scores
 from fedgo_flwr.strategies.dafkd import DaFKD as LibraryDaFKD
@@ -49,7 +49,7 @@ class DaFKDKeys:
 
 
 # ---------------------------------------------------------------------------- server side
-class DaFKD(EnsembleDistillation, LibraryDaFKD):
+class DaFKDApp(EnsembleApp, LibraryDaFKD):
     """The library's DaFKD (its server update: the heads and G averaged, the round's set
     drawn from G, the domain-aware weights); the app sends its messages as `train`, with G,
     the global head and G's settings."""
@@ -109,5 +109,5 @@ def domain_aware_update(message: Message, local: Local) -> Message:
                                   device=local.device, seed=seed)
 
 
-DAFKD = StrategySpec("dafkd", DaFKD, {**CLIENT, "train": domain_aware_update}, keys=DaFKDKeys,
+DAFKD = StrategySpec("dafkd", DaFKDApp, {**CLIENT, "train": domain_aware_update}, keys=DaFKDKeys,
                      reads=(*READS, "generator"), marks=MARKS)

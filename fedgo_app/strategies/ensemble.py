@@ -70,7 +70,7 @@ def distillation_keywords(setup: ServerSetup) -> dict:
 ENSEMBLE_CLIENT = {**CLIENT, TRAIN_FEDGAN: fedgan_update}
 
 
-class EnsembleDistillation(FedAvgStrategy, LibraryEnsemble):
+class EnsembleApp(FedAvgStrategy, LibraryEnsemble):
     """The library's ensemble distillation (fedgo_flwr.strategies.ensemble) under the app's
     FedAvg: the run config as its keywords, the round recorded by an observer, a generated
     or redrawn distillation set and a mixed federation as hooks of the library's."""

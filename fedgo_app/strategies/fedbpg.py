@@ -57,7 +57,7 @@ from fedgo_flwr.train import evaluate, train_classifier
 from fedgo_flwr.weighting import label_shares
 
 # ALPHAS and LOCAL_MODEL, the node's state keys, are the library's, named here too.
-__all__ = ["ALPHAS", "FEDBPG", "LOCAL_MODEL", "FedBPG", "FedBPGKeys", "personalised_evaluate",
+__all__ = ["ALPHAS", "FEDBPG", "LOCAL_MODEL", "FedBPGApp", "FedBPGKeys", "personalised_evaluate",
            "personalised_update"]
 
 
@@ -103,7 +103,7 @@ class FedBPGKeys:
 
 
 # ---------------------------------------------------------------------------- server side
-class FedBPG(FedAvgStrategy):
+class FedBPGApp(FedAvgStrategy):
     # G is one image space's generator and the consensus one architecture's: not mixed.
     mixes_architectures = False
     carried = ("generator", "optimizer", "retained_x", "retained_y")
@@ -224,7 +224,7 @@ def personalised_evaluate(message: Message, local: Local) -> Message:
 
 
 FEDBPG = StrategySpec(
-    "fedbpg", FedBPG, {**CLIENT, "train": personalised_update, "evaluate": personalised_evaluate},
+    "fedbpg", FedBPGApp, {**CLIENT, "train": personalised_update, "evaluate": personalised_evaluate},
     keys=FedBPGKeys,
     marks=(("fedbpg-ensemble-distillation", True, "w/o ED"),
            ("fedbpg-adaptive-fusion", True, "w/o AF"),

@@ -20,7 +20,7 @@ from flwr.common.logger import log
 from fedgo_flwr.keys import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, check, key
 from fedgo_app.server.record import RunRecord
 from fedgo_app.strategies.base import ServerSetup
-from fedgo_app.strategies.ensemble import ENSEMBLE_CLIENT, MARKS, READS, EnsembleDistillation
+from fedgo_app.strategies.ensemble import ENSEMBLE_CLIENT, MARKS, READS, EnsembleApp
 from fedgo_app.strategies.registry import StrategySpec
 from fedgo_flwr.strategies.feddf import FedDF as LibraryFedDF
 
@@ -48,7 +48,7 @@ class FedDFKeys:
               "strategy = \"feddf\"), distillation-guard = \"labelled-val\" or val-size = 0")
 
 
-class FedDF(EnsembleDistillation, LibraryFedDF):
+class FedDFApp(EnsembleApp, LibraryFedDF):
     """The library's FedDF, its published update behind `feddf-published`."""
 
     def __init__(self, setup: ServerSetup, record: RunRecord):
@@ -74,5 +74,5 @@ def row_name(config) -> str:
     return f"feddf-published ({'labelled val, ' if config.get('val-size') else ''}{steps})"
 
 
-FEDDF = StrategySpec("feddf", FedDF, ENSEMBLE_CLIENT, keys=FedDFKeys, reads=READS, marks=MARKS,
+FEDDF = StrategySpec("feddf", FedDFApp, ENSEMBLE_CLIENT, keys=FedDFKeys, reads=READS, marks=MARKS,
                      row_name=row_name)

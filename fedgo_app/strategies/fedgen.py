@@ -62,7 +62,7 @@ class FedGenKeys:
 
 
 # ---------------------------------------------------------------------------- server side
-class FedGen(FedAvgStrategy):
+class FedGenApp(FedAvgStrategy):
     mixes_architectures = False  # G_w generates features of one architecture's latent space
     carried = ("generator", "optimizer", "schedule", "prior")
     label_counts_in_replies = True
@@ -137,5 +137,5 @@ def generated_feature_update(message: Message, local: Local) -> Message:
     return reply
 
 
-FEDGEN = StrategySpec("fedgen", FedGen, {**CLIENT, "train": generated_feature_update},
+FEDGEN = StrategySpec("fedgen", FedGenApp, {**CLIENT, "train": generated_feature_update},
                       keys=FedGenKeys)

@@ -19,7 +19,7 @@ from flwr.common.logger import log
 from fedgo_app.client_context import Local, config_of
 from fedgo_app.server.record import RunRecord
 from fedgo_app.strategies.base import ServerSetup
-from fedgo_app.strategies.ensemble import ENSEMBLE_CLIENT, MARKS, READS, EnsembleDistillation
+from fedgo_app.strategies.ensemble import ENSEMBLE_CLIENT, MARKS, READS, EnsembleApp
 from fedgo_app.strategies.registry import StrategySpec
 from fedgo_flwr.gan import log_odds
 from fedgo_flwr.models import Discriminator, generator_fits
@@ -50,7 +50,7 @@ def fedgo_keywords(cfg) -> dict:
                              else None))
 
 
-class FedGO(EnsembleDistillation, LibraryFedGO):
+class FedGOApp(EnsembleApp, LibraryFedGO):
     has_discriminators = True
     carried = ("log_odds",)  # D_k enter once, as odds (and themselves: state_dict)
 
@@ -138,7 +138,7 @@ def new_local_discriminator(seed: int, image_shape, width: int) -> Discriminator
     return Discriminator(c, h, width)
 
 
-FEDGO = StrategySpec("fedgo", FedGO, {**ENSEMBLE_CLIENT, TRAIN_DISCRIMINATOR: discriminator_update},
+FEDGO = StrategySpec("fedgo", FedGOApp, {**ENSEMBLE_CLIENT, TRAIN_DISCRIMINATOR: discriminator_update},
                      reads=(*READS, "weighting", "generator", "pre-fl"),
                      marks=(("weighting", "odds", "{}"), ("odds-beta", 1.0, "beta={:g}"),
                             ("discriminator-negatives", "generator", "D vs {}"),
