@@ -173,7 +173,7 @@ def test_fedprox_keys_are_validated(key, value, message):
 
 # ------------------------------------------------------------------ FedGen
 from fedgo_flwr.models import FeatureGenerator  # noqa: E402
-from fedgo_app.strategies.fedgen import train_feature_generator  # noqa: E402
+from fedgo_flwr.strategies.fedgen import train_feature_generator  # noqa: E402
 
 
 def _teacher_loss(generator, nets, weights, y, eps):

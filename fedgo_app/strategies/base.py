@@ -31,7 +31,8 @@ from fedgo_app.client_context import Local, config_of, reply
 from fedgo_flwr.keys import ConfigError
 from fedgo_flwr.models import create_classifier, require_feature_space
 from fedgo_flwr.seeds import client_seed, round_seed
-from fedgo_flwr.strategies.base import ServerUpdateFedAvg
+from fedgo_flwr.strategies.base import ClientModel as LibraryModel
+from fedgo_flwr.strategies.base import RoundReport, ServerUpdateFedAvg
 from fedgo_app.server.clients import (MIN_CLIENTS, Client, ClientDirectory, classes_problem,
                                        config_record, discover_clients, query_nodes)
 from fedgo_flwr.sampling import PARTITION_ID, QUERY_PARTITION, partition_reply, sample_clients
@@ -475,8 +476,24 @@ class FedAvgStrategy(ServerUpdateFedAvg):
 
     def update_average(self, server_round: int, averaged: dict[str, torch.Tensor],
                        models: list[ClientModel]) -> dict[str, torch.Tensor]:
-        """What the server does after averaging; FedAvg keeps the average."""
-        return averaged
+        """The library strategy's server update (`server_update`: FedAvg keeps the average)
+        on the round as the library sees it; its observers (the record) see it after."""
+        report = self.library_report(server_round, averaged, models)
+        report.arrays, report.metrics = self.server_update(
+            server_round, report.averaged, report.clients, report)
+        for observe in self.observers:
+            observe(report)
+        return report.arrays.to_torch_state_dict()
+
+    def library_report(self, server_round: int, averaged: dict[str, torch.Tensor] | None,
+                       models: list[ClientModel]) -> RoundReport:
+        """The round as the library sees it: each model known by its partition id."""
+        clients = [LibraryModel(self.clients.by_partition[m.partition_id].node_id,
+                                m.num_examples, RecordDict({"arrays": ArrayRecord(m.state)}),
+                                m.metrics, {k: ArrayRecord(v) for k, v in m.extras.items()},
+                                m.partition_id) for m in models]
+        return RoundReport(server_round, dict(self.sampled), clients, {},
+                           None if averaged is None else ArrayRecord(averaged), None, {})
 
     def update_architectures(self, server_round: int, averaged: dict[str, dict],
                              models: list[ClientModel]) -> dict[str, dict]:

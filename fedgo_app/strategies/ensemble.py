@@ -20,7 +20,6 @@ import hashlib
 from logging import INFO, WARNING
 
 import torch
-from flwr.app import ArrayRecord, RecordDict
 from flwr.common.logger import log
 
 from fedgo_app.generators import generator_arguments, obtain_generator
@@ -33,7 +32,7 @@ from fedgo_flwr.gan import draw_images
 from fedgo_flwr.guard import ClientsGuard, LabelledGuard
 from fedgo_flwr.models import Generator
 from fedgo_flwr.seeds import round_seed
-from fedgo_flwr.strategies.base import ClientModel, RoundReport
+from fedgo_flwr.strategies.base import ClientModel
 from fedgo_flwr.strategies.ensemble import EnsembleDistillation as LibraryEnsemble
 from fedgo_flwr.teachers import PastTeachers, teacher_logits
 from fedgo_flwr.weighting import WeightRule
@@ -201,21 +200,12 @@ class EnsembleApp(FedAvgStrategy, LibraryEnsemble):
         return super().mixed_problem()
 
     # --- the round: the library's server update (fedgo_flwr.strategies.ensemble)
-    def update_average(self, server_round: int, averaged: dict[str, torch.Tensor],
-                       models: list[AppModel]) -> dict[str, torch.Tensor]:
-        report = self.report(server_round, averaged, models)
-        report.arrays, report.metrics = self.server_update(
-            server_round, report.averaged, report.clients, report)
-        for observe in self.observers:
-            observe(report)
-        return report.arrays.to_torch_state_dict()
-
     def update_architectures(self, server_round: int, averaged: dict[str, dict],
                              models: list[AppModel]) -> dict[str, dict]:
         """A mixed federation (a wrapper of the library's update): the ensemble of every
         architecture's teachers pseudo-labels the distillation set once, and each
         architecture's average is distilled on it."""
-        report = self.report(server_round, None, models)
+        report = self.library_report(server_round, None, models)
         teachers, u = self.teachers(report.clients), self.distillation_set(server_round)
         if not teachers or not len(u) or self.distill_epochs == 0:
             log(WARNING, "round %d: no teacher or nothing to distil on; the server keeps the "
@@ -232,13 +222,3 @@ class EnsembleApp(FedAvgStrategy, LibraryEnsemble):
             observe(report)
         return {a: {k: v.detach().cpu() for k, v in student.state_dict().items()}
                 for a, student in students.items()}
-
-    def report(self, server_round: int, averaged: dict[str, torch.Tensor] | None,
-               models: list[AppModel]) -> RoundReport:
-        """The round as the library sees it: each model known by its partition id."""
-        clients = [ClientModel(self.clients.by_partition[m.partition_id].node_id,
-                               m.num_examples, RecordDict({"arrays": ArrayRecord(m.state)}),
-                               m.metrics, {k: ArrayRecord(v) for k, v in m.extras.items()},
-                               m.partition_id) for m in models]
-        return RoundReport(server_round, dict(self.sampled), clients, {},
-                           None if averaged is None else ArrayRecord(averaged), None, {})

@@ -8,9 +8,8 @@ drawn from the label prior p^(y) built from the label counts the clients upload 
 models. From the next round the clients receive G_w and p^(y) with the model and add
 alpha_t * CE(head(G_w(y^, eps)), y^), y^ ~ p^(y), to their loss (eq. 5).
 
-The algorithm's pieces (G_w's training, the clients' loss, the label counts) are the
-library's (fedgo_flwr/strategies/fedgen.py); this module runs them with the run config and
-record. Where the paper is silent this follows its public code: Adam (lr 3e-4, weight decay
+The server is the library's FedGen (fedgo_flwr/strategies/fedgen.py), and so are the
+clients' loss and the label counts; this module gives it the run config and records it. Where the paper is silent this follows its public code: Adam (lr 3e-4, weight decay
 1e-2) on G_w kept across rounds with its learning rate decayed 0.98 a round,
 `fedgen-generator-steps` steps a round; the diversity term
 exp(-mean_ij d(eps_i, eps_j) d(z_i, z_j)) (mean squared and mean absolute differences) with
@@ -22,26 +21,19 @@ the paper's objective (5) has only the cross-entropy. The latent layer is the cl
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
-from logging import INFO
 
-import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
-from flwr.common.logger import log
 
 from fedgo_app.client_context import Local, config_of
 from fedgo_flwr.keys import AT_LEAST_ONE, FRACTION, NON_NEGATIVE, POSITIVE, key
-from fedgo_flwr.models import FeatureGenerator
-from fedgo_flwr.seeds import client_seed, round_seed
+from fedgo_flwr.seeds import client_seed
 from fedgo_app.server.record import RunRecord
-from fedgo_app.strategies.base import (CLIENT, ClientModel, FedAvgStrategy, ServerSetup,
-                                        local_update)
+from fedgo_app.strategies.base import CLIENT, FedAvgStrategy, ServerSetup, local_update
 from fedgo_app.strategies.registry import StrategySpec
-from fedgo_flwr.strategies.fedgen import (GENERATOR, generated_feature_loss, received_generator,
-                                          train_feature_generator)
-from fedgo_flwr.strategies.label_counts import LABEL_COUNTS, label_counts, label_prior
-from fedgo_flwr.weighting import label_shares
+from fedgo_flwr.strategies.fedgen import FedGen as LibraryFedGen
+from fedgo_flwr.strategies.fedgen import GENERATOR, generated_feature_loss, received_generator
+from fedgo_flwr.strategies.label_counts import LABEL_COUNTS, label_counts
 
 
 @dataclass(frozen=True)
@@ -62,59 +54,41 @@ class FedGenKeys:
 
 
 # ---------------------------------------------------------------------------- server side
-class FedGenApp(FedAvgStrategy):
+class FedGenApp(FedAvgStrategy, LibraryFedGen):
+    """The library's FedGen (its server update: p^(y), lambda_k^y and G_w trained on the
+    round's predictors); the app sends G_w, p^(y) and alpha_t with its `train` messages and
+    records G_w's training."""
     mixes_architectures = False  # G_w generates features of one architecture's latent space
     carried = ("generator", "optimizer", "schedule", "prior")
     label_counts_in_replies = True
 
     def __init__(self, setup: ServerSetup, record: RunRecord):
-        super().__init__(setup, record)
-        self.keys = keys = setup.cfg.keys("fedgen")
-        latent = setup.latent_dim("fedgen")
-        with torch.random.fork_rng():
-            torch.manual_seed(setup.cfg.seed)
-            self.generator = FeatureGenerator(setup.num_classes, latent, keys.noise_dim,
-                                              keys.hidden_dim).to(setup.device)
-        # On its device before Adam exists: a resumed run's Adam state loads onto it.
-        self.optimizer = torch.optim.Adam(self.generator.parameters(), lr=keys.generator_lr,
-                                          weight_decay=1e-2)
-        self.schedule = torch.optim.lr_scheduler.ExponentialLR(self.optimizer, keys.decay)
-        self.prior: torch.Tensor | None = None  # p^(y), once a round's counts arrived
+        keys = setup.cfg.keys("fedgen")
+        setup.latent_dim("fedgen")  # a model without a latent layer is refused, saying why
+        super().__init__(setup, record, num_classes=setup.num_classes,
+                         generator_steps=keys.generator_steps, generator_lr=keys.generator_lr,
+                         generator_batch_size=keys.generator_batch_size,
+                         noise_dim=keys.noise_dim, hidden_dim=keys.hidden_dim,
+                         diversity_weight=keys.diversity_weight, alpha=keys.alpha,
+                         decay=keys.decay)
+        self.observers.append(self.record_generator)
 
     def train_content(self, server_round: int, arrays: ArrayRecord) -> RecordDict:
         content = super().train_content(server_round, arrays)
-        if self.prior is not None:  # G_w is trained from the first round's heads on
-            content[GENERATOR] = ArrayRecord(self.generator.state_dict())
+        for name, record in self.train_payload(server_round)[0].items():
+            content[name] = record  # G_w, from the first round's heads on
         return content
 
     def train_config(self, server_round: int) -> ConfigRecord:
         conf = super().train_config(server_round)
-        if self.prior is not None:
-            keys = self.keys
-            conf.update({"fedgen-alpha": keys.alpha * keys.decay ** server_round,
-                         "label-prior": self.prior.tolist(), "noise-dim": keys.noise_dim,
-                         "hidden-dim": keys.hidden_dim})
+        conf.update(self.train_payload(server_round)[1])
         return conf
 
-    def update_average(self, server_round: int, averaged: dict[str, torch.Tensor],
-                       models: list[ClientModel]) -> dict[str, torch.Tensor]:
-        counts = torch.tensor([m.metrics[LABEL_COUNTS] for m in models], dtype=torch.float64)
-        self.prior = label_prior(counts)
-        label_weights = label_shares(counts)  # lambda_k^y
-        classifiers = [self.setup.new_classifier(state=m.state) for m in models]
-        gen = torch.Generator().manual_seed(round_seed(self.cfg.seed, server_round))
-        start = time.perf_counter()
-        info = train_feature_generator(
-            self.generator, classifiers, label_weights, self.prior, steps=self.keys.generator_steps,
-            batch_size=self.keys.generator_batch_size, optimizer=self.optimizer,
-            diversity_weight=self.keys.diversity_weight, gen=gen, device=self.setup.device)
-        self.schedule.step()
-        self.generator.cpu()
-        self.record.time("generator_training", time.perf_counter() - start, server_round)
-        self.record.round(server_round).update(info)
-        log(INFO, "round %d: feature generator loss %.4f, diversity %.4f", server_round,
-            info["generator_loss"], info["diversity_loss"])
-        return averaged
+    def record_generator(self, report) -> None:
+        """G_w's training of the round, into the run record."""
+        self.record.time("generator_training", report.seconds["generator_training"],
+                         report.server_round)
+        self.record.round(report.server_round).update(report.details["generator"])
 
 
 # ---------------------------------------------------------------------------- client side

@@ -166,7 +166,8 @@ class FedGen(LabelCountFedAvg):
             device=self.device)
         self.schedule.step()
         self.generator.cpu()
-        seconds = time.perf_counter() - start
+        seconds = report.seconds["generator_training"] = time.perf_counter() - start
+        report.details["generator"] = info
         log(INFO, "round %d: feature generator loss %.4f, diversity %.4f (%.1fs)", server_round,
             info["generator_loss"], info["diversity_loss"], seconds)
         return averaged, {"generator-loss": info["generator_loss"],
