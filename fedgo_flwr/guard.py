@@ -23,7 +23,6 @@ from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.common.logger import log
 
 from fedgo_flwr.inputs import labelled
-from fedgo_flwr.sampling import sample_clients
 from fedgo_flwr.seeds import round_seed
 from fedgo_flwr.replies import examples_problem, payload_bytes
 from fedgo_flwr.train import evaluate
@@ -88,9 +87,11 @@ class ClientsGuard:
             log(WARNING, "round %d: every client trained; the guard asks them instead",
                 server_round)
             pool = {k: n for n, k in keys.items()}
-        chosen = sample_clients(pool, 0.0, round_seed(strategy.seed, server_round),
-                                server_round, minimum=len(trained))
-        return {pool[k]: k for k in chosen}
+        # a permutation of the pool (in key order) by the round's seed: the benchmarks' draw
+        keys = sorted(pool)
+        order = torch.randperm(len(keys), generator=torch.Generator().manual_seed(
+            round_seed(strategy.seed, server_round)))
+        return {pool[k]: k for k in sorted(keys[i] for i in order[:len(trained)].tolist())}
 
     def scores(self, strategy, server_round, candidates):
         judges = self.judges(strategy, server_round)
