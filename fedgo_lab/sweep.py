@@ -39,7 +39,8 @@ from fedgo_flwr.seeds import client_seed, round_seed
 from fedgo_flwr.sampling import sample_clients
 from fedgo_app.strategies.base import ClientModel, weighted_average
 from fedgo_app.generators import new_generator
-from fedgo_app.strategies.fedgo import new_local_discriminator, server_sample
+from fedgo_app.strategies.fedgo import new_local_discriminator
+from fedgo_flwr.strategies.fedgo import server_sample
 from fedgo_flwr.gan import hold_out
 from fedgo_flwr.teachers import teacher_logits
 from fedgo_flwr.train import evaluate, resolve_device, train_classifier

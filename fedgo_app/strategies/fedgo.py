@@ -30,13 +30,6 @@ from fedgo_flwr.strategies.fedgo import discriminator_update as discriminator_up
 from fedgo_flwr.weighting import NEEDS_LABEL_COUNTS, WeightRule, weighting_rule
 
 
-def server_sample(u: torch.Tensor, size: int, seed: int) -> torch.Tensor:
-    """The seeded sample of U sent instead of G (discriminator-negatives = server-sample),
-    as the library draws it."""
-    order = torch.randperm(len(u), generator=torch.Generator().manual_seed(seed))
-    return u[order[:size]].clone()
-
-
 def fedgo_keywords(cfg) -> dict:
     """The run config as the library FedGO's own keywords."""
     return dict(latent_dim=cfg.latent_dim, generator_width=cfg.generator_width,

@@ -37,6 +37,12 @@ SERVER_SAMPLE = "server-sample"  # an ArrayRecord of the server's images, sent i
 POLL_SECONDS = 0.5
 
 
+def server_sample(u: torch.Tensor, size: int, seed: int) -> torch.Tensor:
+    """The seeded sample of U sent instead of G (`discriminator_negatives="server-sample"`)."""
+    order = torch.randperm(len(u), generator=torch.Generator().manual_seed(seed))
+    return u[order[:size]].clone()
+
+
 class FedGO(EnsembleDistillation):
     """FedGO: FedAvg, then distillation toward the odds-weighted ensemble.
 
@@ -192,8 +198,7 @@ class FedGO(EnsembleDistillation):
     def negatives_record(self) -> tuple[str, ArrayRecord, ConfigRecord]:
         """What the clients' D_k learn against, and the stage's config."""
         if self.negatives == "server-sample":
-            order = torch.randperm(len(self.u), generator=torch.Generator().manual_seed(self.seed))
-            images = self.u[order[:self.server_sample_size]].clone()
+            images = server_sample(self.u, self.server_sample_size, self.seed)
             return SERVER_SAMPLE, ArrayRecord({"images": images}), self.discriminator_config
         return "generator", ArrayRecord(self.generator.state_dict()), ConfigRecord({
             **self.discriminator_config, "latent-dim": self.generator.latent_dim,
