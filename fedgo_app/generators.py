@@ -6,7 +6,7 @@
     load        (G2) an off-the-shelf generator from `generator-file`, in the portable format
                 below (`python -m fedgo_lab.export_generator` writes one from any trained G).
     fedgan      (G3) trained by the clients with FedGAN, a pre-FL stage with messages
-                (fedgo_app/strategies/fedgan.py).
+                (fedgo_app/fedgan.py).
 
 A generator file is a torch file holding a dict: format (FORMAT), architecture (a key of
 ARCHITECTURES), arguments (its constructor's keyword arguments), image_shape [C, H, W],
@@ -28,7 +28,7 @@ from fedgo_app.generator_cache import generator_description, load_generator, sav
 from fedgo_flwr.keys import ConfigError
 from fedgo_flwr.models import Critic, Generator
 
-GENERATOR_SOURCES = ("train-on-u", "load", "fedgan")  # fedgan: strategies/fedgan.py
+GENERATOR_SOURCES = ("train-on-u", "load", "fedgan")  # fedgan: fedgo_app/fedgan.py
 FORMAT = "fedgo-generator/1"
 ARCHITECTURES = {"wgan-gp": Generator}  # name -> class, called with the file's arguments
 VALUE_RANGE = [-1.0, 1.0]  # what the classifiers and discriminators take (App. E.2)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-import fedgo_app.strategies.base as base
+import fedgo_app.strategies.clients as base
 from client_app.app import app as client_app
 from fedgo_app.attacks import INFLATED_EXAMPLES, byzantine_partitions
 from fedgo_flwr.gan import log_odds

@@ -17,7 +17,7 @@ from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.common.logger import log
 
 from fedgo_app.server.mailbox import NO_ANSWER, Mailbox
-from fedgo_app.server.replies import count_problem
+from fedgo_flwr.replies import examples_problem
 
 QUERY_INFO = "query"
 # A round trains at least two clients (as Flower's own strategies do, min_train_nodes = 2):
@@ -193,7 +193,7 @@ def query_nodes(mailbox: Mailbox, nodes: list[int], timeout: float,
         info = reply.content.metric_records.get("info")
         try:
             values = [info[key] for key in ("partition-id", "num-partitions", "num-examples")]
-            why = count_problem(values[2]) or next(
+            why = examples_problem(info, "num-examples") or next(
                 (f"{v!r} is not a whole number" for v in values if not float(v).is_integer()),
                 None)
             pid, k, n = map(int, values)

@@ -26,7 +26,7 @@ from fedgo_app.generators import generator_arguments, obtain_generator
 from fedgo_app.server.record import RunRecord
 from fedgo_app.strategies.base import CLIENT, ClientModel as AppModel, FedAvgStrategy, ServerSetup
 from fedgo_app.strategies.ensemble_record import EnsembleRecord
-from fedgo_app.strategies.fedgan import TRAIN_FEDGAN, fedgan_generator, fedgan_update
+from fedgo_app.fedgan import TRAIN_FEDGAN, fedgan_generator, fedgan_update
 from fedgo_flwr.diagnostics import PAST_TEACHERS
 from fedgo_flwr.gan import draw_images
 from fedgo_flwr.guard import ClientsGuard, LabelledGuard
@@ -165,7 +165,7 @@ class EnsembleApp(FedAvgStrategy, LibraryEnsemble):
 
     def teacher_nets(self, teachers: list[ClientModel]) -> list[torch.nn.Module]:
         """Each teacher in its own architecture (a mixed federation's are several)."""
-        return [self.setup.new_classifier(self.architecture(m.key), m.state) for m in teachers]
+        return [self.setup.new_classifier(self.architectures.of(m.key), m.state) for m in teachers]
 
     def distillation_set(self, server_round: int) -> torch.Tensor:
         """U, the set drawn from G in the pre-FL stage, or (`redraw-distill-set`) a new one

@@ -12,8 +12,8 @@ round's alphas (1 at first), and fuses theta = alpha omega_k + (1 - alpha) omega
 trained as FedAvg's clients train and becomes omega_k, the shared model it uploads with its
 label counts |D_k^y|. Without AF it starts from omega-bar, as FedAvg's clients do.
 
-Server: omega-bar = the n_k-weighted average. With ensemble distillation (ED) it then trains
-G(z, y) (Eqs. 1-5: authenticity, diversity, effectiveness; y from the clients' label
+Server (the library's `FedBPG.server_update`): omega-bar = the n_k-weighted average. With
+ensemble distillation (ED) it then trains G(z, y) (Eqs. 1-5: authenticity, diversity, effectiveness; y from the clients' label
 proportions) for `fedbpg-generator-steps` Adam steps, kept across rounds, and tunes omega-bar
 for `fedbpg-tune-steps` steps on Eq. 13 (KL to the exp(-CE) consensus of the shared models,
 plus the empirical loss where the consensus does not beat omega-bar on a pseudo-sample of
@@ -31,30 +31,25 @@ server's test accuracy of omega-bar, as for every strategy.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
-from logging import INFO, WARNING
+from logging import WARNING
 
-import torch
 from flwr.app import Message
 from flwr.common.logger import log
 from torch import nn
 
-from fedgo_flwr import bpg
 from fedgo_app.client_context import Local, config_of, reply
 from fedgo_flwr.keys import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, check, key
-from fedgo_flwr.models import ConditionalGenerator
-from fedgo_flwr.seeds import client_seed, round_seed
+from fedgo_flwr.seeds import client_seed
 from fedgo_app.server.record import RunRecord
-from fedgo_app.strategies.base import (CLIENT, ClientModel, FedAvgStrategy, ServerSetup,
-                                        local_update)
+from fedgo_app.strategies.base import CLIENT, FedAvgStrategy, ServerSetup, local_update
 from fedgo_app.strategies.registry import StrategySpec
-from fedgo_flwr.strategies.fedbpg import (ALPHAS, FUSION_ALPHA, LOCAL_MODEL, adaptive_fusion,
-                                          deep_personalise, fit_generator, keep_personal,
-                                          stored_alphas)
-from fedgo_flwr.strategies.label_counts import LABEL_COUNTS, label_counts, label_prior
+from fedgo_flwr.strategies.fedbpg import (ALPHAS, FUSION_ALPHA, GENERATOR_SECONDS,
+                                          LOCAL_MODEL, adaptive_fusion, deep_personalise,
+                                          keep_personal, stored_alphas)
+from fedgo_flwr.strategies.fedbpg import FedBPG as LibraryFedBPG
+from fedgo_flwr.strategies.label_counts import LABEL_COUNTS, label_counts
 from fedgo_flwr.train import evaluate, train_classifier
-from fedgo_flwr.weighting import label_shares
 
 # ALPHAS and LOCAL_MODEL, the node's state keys, are the library's, named here too.
 __all__ = ["ALPHAS", "FEDBPG", "LOCAL_MODEL", "FedBPGApp", "FedBPGKeys", "personalised_evaluate",
@@ -103,68 +98,54 @@ class FedBPGKeys:
 
 
 # ---------------------------------------------------------------------------- server side
-class FedBPGApp(FedAvgStrategy):
+class FedBPGApp(FedAvgStrategy, LibraryFedBPG):
+    """The library's FedBPG (its server update: G(z, y) trained on the round's models, then
+    omega-bar tuned on its pseudo-data, Algorithm 1); the app's clients personalise with the
+    run config, and an observer puts G's and the tuning's figures into the record."""
     # G is one image space's generator and the consensus one architecture's: not mixed.
     mixes_architectures = False
-    carried = ("generator", "optimizer", "retained_x", "retained_y")
+    carried = ("generator", "optimizer", "retained")
     label_counts_in_replies = True  # |D_k^y|, for L_aut's and L_eff's shares and p(y)
 
     def __init__(self, setup: ServerSetup, record: RunRecord):
-        super().__init__(setup, record)
-        self.keys = keys = setup.cfg.keys("fedbpg")
-        c, h, w = setup.image_shape
-        with torch.random.fork_rng():
-            torch.manual_seed(setup.cfg.seed)
-            self.generator = ConditionalGenerator(keys.noise_dim, setup.num_classes, c,
-                                                  h).to(setup.device)
-        # On its device before Adam exists: a resumed run's Adam state loads onto it.
-        self.optimizer = torch.optim.Adam(self.generator.parameters(), lr=keys.generator_lr,
-                                          betas=(0.5, 0.999))
-        self.retained_x = torch.empty(0, c, h, w)  # the pseudo-data kept for the next round
-        self.retained_y = torch.empty(0, dtype=torch.long)
+        keys = setup.cfg.keys("fedbpg")
+        super().__init__(setup, record, image_shape=setup.image_shape,
+                         num_classes=setup.num_classes,
+                         ensemble_distillation=keys.ensemble_distillation,
+                         adaptive_fusion=keys.adaptive_fusion,
+                         deep_personalisation=keys.deep_personalisation,
+                         generator_steps=keys.generator_steps, generator_lr=keys.generator_lr,
+                         noise_dim=keys.noise_dim, batch_size=keys.batch_size,
+                         lambda_div=keys.lambda_div, lambda_eff=keys.lambda_eff,
+                         tune_steps=keys.tune_steps, tune_lr=keys.tune_lr, zeta=keys.zeta,
+                         retain_max=keys.retain_max, fusion_steps=keys.fusion_steps,
+                         fusion_lr=keys.fusion_lr, dp_epochs=keys.dp_epochs)
+        if self.generator is None:  # w/o ED: nothing carries
+            self.carried = ()
+        self.observers.append(self.record_tuning)
 
-    def update_average(self, server_round: int, averaged: dict[str, torch.Tensor],
-                       models: list[ClientModel]) -> dict[str, torch.Tensor]:
-        entry = self.record.round(server_round)
-        alphas = [m.metrics[FUSION_ALPHA] for m in models
-                  if isinstance(m.metrics.get(FUSION_ALPHA), float)]
-        if alphas:  # the appendix's Figure 5 follows them over the rounds
-            entry["fusion_alpha"] = sum(alphas) / len(alphas)
-        keys, device = self.keys, self.setup.device
-        if not keys.ensemble_distillation:
-            return averaged
-        counts = torch.tensor([m.metrics[LABEL_COUNTS] for m in models], dtype=torch.float64)
-        shares, prior = label_shares(counts), label_prior(counts)
-        clients = [self.setup.new_classifier(state=m.state) for m in models]
-        global_model = self.setup.new_classifier(state=averaged)
-        rng = torch.Generator().manual_seed(round_seed(self.cfg.seed, server_round))
-        start = time.perf_counter()
-        parts = fit_generator(self.generator, self.optimizer, clients, global_model, shares,
-                              prior, steps=keys.generator_steps, batch_size=keys.batch_size,
-                              lambda_div=keys.lambda_div, lambda_eff=keys.lambda_eff, rng=rng,
-                              device=device)
-        self.record.time("generator_training", time.perf_counter() - start, server_round)
-        if parts:
-            entry["generator"] = parts
-        start = time.perf_counter()
-        (self.retained_x, self.retained_y), tuning = bpg.tune_global(
-            global_model, clients, self.generator, prior,
-            (self.retained_x, self.retained_y), steps=keys.tune_steps,
-            batch_size=keys.batch_size, lr=keys.tune_lr, zeta=keys.zeta,
-            retain_max=keys.retain_max, rng=rng, device=device)
-        self.generator.cpu()
-        self.record.time("distillation", time.perf_counter() - start, server_round)
-        # the same round's averaged model, untuned: what ED adds is server_test_acc minus this
-        tuning["averaged_test_acc"] = self.test_metrics(averaged)[0]
+    def record_tuning(self, report) -> None:
+        """The clients' mean alpha (the appendix's Figure 5), G's losses and the tuning's
+        figures, with the same round's averaged model untuned beside it (what ED adds is
+        server_test_acc minus averaged_test_acc)."""
+        entry, metrics = self.record.round(report.server_round), report.metrics
+        if FUSION_ALPHA in metrics:
+            entry["fusion_alpha"] = metrics[FUSION_ALPHA]
+        if self.generator is None:
+            return
+        generator = {k[len("generator-"):]: v for k, v in metrics.items()
+                     if k.startswith("generator-") and k != GENERATOR_SECONDS}
+        if generator:
+            entry["generator"] = generator
+        tuning = {k[len("tuning-"):].replace("-", "_"): v for k, v in metrics.items()
+                  if k.startswith("tuning-")}
+        tuning["averaged_test_acc"] = self.test_metrics(report.averaged.to_torch_state_dict())[0]
         entry["tuning"] = tuning
-        log(INFO, "round %d: G's authenticity %.3f, diversity %.3f, effectiveness %.3f; tuning "
-            "KL %.4f, consensus accuracy on pseudo-data %.3f, %d pseudo-samples retained",
-            server_round, *(entry.get("generator", {}).get(n, float("nan"))
-                            for n in ("authenticity", "diversity", "effectiveness")),
-            tuning.get("kl", float("nan")), tuning.get("consensus_acc", float("nan")),
-            tuning["retained"])
-        return {name: value.detach().cpu().to(averaged[name].dtype)
-                for name, value in global_model.state_dict().items()}
+        seconds = metrics.get(GENERATOR_SECONDS, 0.0)
+        self.record.time("generator_training", seconds, report.server_round)
+        self.record.time("distillation", metrics["distill-seconds"] - seconds,
+                         report.server_round)
+
 
 # ---------------------------------------------------------------------------- client side
 # The fusion, omega_k's keeping in the node's state and DP are the library's

@@ -54,6 +54,7 @@ from fedgo_flwr.weighting import label_shares
 TRAIN_FEDBPG, EVALUATE_FEDBPG = "train.fedbpg", "evaluate.fedbpg"
 LOCAL_MODEL, ALPHAS = "fedbpg-local-model", "fedbpg-alphas"  # in the node's context.state
 FUSION_ALPHA = "fusion-alpha"  # a train reply's mean alpha (the appendix's Figure 5)
+GENERATOR_SECONDS = "generator-seconds"  # G's training, of the round's distill-seconds
 
 
 def fit_generator(generator: nn.Module, optimizer: torch.optim.Optimizer,
@@ -205,6 +206,7 @@ class FedBPG(LabelCountFedAvg):
         start = time.perf_counter()
         parts = fit_generator(self.generator, self.optimizer, clients, global_model, shares,
                               prior, rng=rng, device=self.device, **self.generation)
+        generator_seconds = time.perf_counter() - start
         self.retained, tuning = tune_global(global_model, clients, self.generator, prior,
                                             self.retained, rng=rng, device=self.device,
                                             **self.tuning)
@@ -217,7 +219,7 @@ class FedBPG(LabelCountFedAvg):
         metrics = {f"generator-{name}": value for name, value in parts.items()}
         metrics.update({f"tuning-{name.replace('_', '-')}": value
                         for name, value in tuning.items()})
-        metrics["distill-seconds"] = seconds
+        metrics[GENERATOR_SECONDS], metrics["distill-seconds"] = generator_seconds, seconds
         return ArrayRecord(global_model.cpu().state_dict()), metrics
 
 

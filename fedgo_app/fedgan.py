@@ -24,7 +24,7 @@ from fedgo_flwr.seeds import client_seed, round_seed
 from fedgo_app.server.clients import config_record
 from fedgo_flwr.sampling import sample_clients
 from fedgo_flwr.replies import payload_bytes
-from fedgo_app.strategies.base import ClientModel, weighted_average
+from fedgo_app.server.averaging import ClientModel, weighted_average
 
 TRAIN_FEDGAN = "train.fedgan"
 GENERATOR, CRITIC = "generator", "critic"

@@ -1,0 +1,79 @@
+"""The ClientApp's handlers every strategy starts from (query, train, evaluate, the guard's
+candidates, the library's partition query); a strategy adds or replaces its own."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message
+from torch import nn
+
+from fedgo_app.client_context import Local, config_of, reply
+from fedgo_flwr.guard import EVALUATE_CANDIDATES
+from fedgo_flwr.guard import evaluate_candidates as evaluate_library_candidates
+from fedgo_flwr.models import create_classifier
+from fedgo_flwr.sampling import PARTITION_ID, QUERY_PARTITION, partition_reply
+from fedgo_flwr.seeds import client_seed
+from fedgo_flwr.train import evaluate, train_classifier
+
+
+def info(message: Message, local: Local) -> Message:
+    """Partition id, partition count and n_k (the server keys clients by these), the class
+    names (the server refuses a node whose classes are not its own) and the architecture it
+    runs; the label histogram only when the server's config asks (diagnostics)."""
+    reply_ = {"partition-id": local.partition_id, "num-partitions": local.num_partitions,
+              "num-examples": len(local.y)}
+    if config_of(message).get("label-histogram"):
+        reply_["label-histogram"] = torch.bincount(local.y, minlength=local.num_classes).tolist()
+    answer = reply(message, reply_, key="info")
+    answer.content.config_records["classes"] = ConfigRecord({"names": list(local.classes)})
+    answer.content.config_records["model"] = ConfigRecord({"name": local.model})
+    return answer
+
+
+def local_update(message: Message, local: Local, model: nn.Module,
+                 extra_loss: Callable[[nn.Module], torch.Tensor] | None = None) -> Message:
+    """ClientUpdate: `model` trained on S_k as the train config says, with a strategy's
+    `extra_loss(model)` added to each minibatch's loss; replies theta_k and n_k."""
+    conf = config_of(message)
+    result = train_classifier(model, local.x, local.y, epochs=int(conf["local-epochs"]),
+                              batch_size=int(conf["batch-size"]), lr=float(conf["lr"]),
+                              flip=bool(conf["flip"]), crop=int(conf["random-crop"]),
+                              optimizer=str(conf["optimizer"]),
+                              momentum=float(conf["momentum"]),
+                              seed=client_seed(int(conf["seed"]), local.partition_id),
+                              device=local.device, extra_loss=extra_loss)
+    return reply(message, {"num-examples": len(local.y), **result},
+                 arrays=ArrayRecord(model.cpu().state_dict()))
+
+
+def train(message: Message, local: Local) -> Message:
+    return local_update(message, local, local.classifier(message))
+
+
+def evaluate_local(message: Message, local: Local) -> Message:
+    """The global classifier's loss and accuracy on the client's personal test split
+    (personal-test-fraction), or on S_k without one."""
+    x, y = (local.test_x, local.test_y) if len(local.test_y) else (local.x, local.y)
+    acc, loss = evaluate(local.classifier(message), x, y, device=local.device)
+    return reply(message, {"num-examples": len(y), "eval-acc": acc, "eval-loss": loss})
+
+
+def evaluate_candidates(message: Message, local: Local) -> Message:
+    """The guard's question (fedgo_flwr.guard): each classifier the server sent scored on
+    S_k, in this client's architecture."""
+    c, h, _ = local.image_shape
+    return evaluate_library_candidates(
+        message, lambda: create_classifier(local.model or local.cfg.model, c,
+                                           local.num_classes, h),
+        (local.x, local.y), device=local.device)
+
+
+def partition(message: Message, local: Local) -> Message:
+    """The library's partition query (`client_key="partition-id"`)."""
+    return partition_reply(message, {PARTITION_ID: local.partition_id})
+
+
+CLIENT = {"query": info, "train": train, "evaluate": evaluate_local,
+          EVALUATE_CANDIDATES: evaluate_candidates, QUERY_PARTITION: partition}
