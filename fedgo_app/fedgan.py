@@ -24,7 +24,7 @@ from fedgo_flwr.seeds import client_seed, round_seed
 from fedgo_app.server.clients import config_record
 from fedgo_flwr.sampling import sample_clients
 from fedgo_flwr.replies import payload_bytes
-from fedgo_app.server.averaging import ClientModel, weighted_average
+from fedgo_app.server.averaging import PartitionModel, weighted_average
 
 TRAIN_FEDGAN = "train.fedgan"
 GENERATOR, CRITIC = "generator", "critic"
@@ -67,7 +67,7 @@ def fedgan_generator(strategy, grid) -> Generator:
             log(WARNING, "pre-FL: FedGAN round %d: no usable reply; G is unchanged", t)
             continue
         generator.load_state_dict(weighted_average(models, generator.state_dict()))
-        critics = [ClientModel(m.partition_id, m.num_examples, m.extras[CRITIC], {})
+        critics = [PartitionModel(m.partition_id, m.num_examples, m.extras[CRITIC], {})
                    for m in models]
         critic.load_state_dict(weighted_average(critics, critic.state_dict()))
     record.time("generator_training", time.perf_counter() - start)

@@ -219,6 +219,39 @@ def distill(student: nn.Module, u: torch.Tensor, targets: torch.Tensor, *,
     return {"distill_loss": loss, "seconds": time.perf_counter() - start}
 
 
+class BestCheckpoint:
+    """FedDF's early stopping on a labelled validation split (None: no stopping): the student
+    validated before training and every `eval_every` steps; training stops after `patience`
+    steps without a better accuracy, and the best weights are restored at the end."""
+
+    def __init__(self, student: nn.Module, validation: tuple[torch.Tensor, torch.Tensor] | None,
+                 device: torch.device, eval_every: int, patience: int):
+        self.student, self.validation, self.device = student, validation, device
+        self.eval_every, self.patience = eval_every, patience
+        self.acc = self.validate() if validation is not None else float("nan")
+        self.step, self.state = 0, copy.deepcopy(student.state_dict())
+
+    def validate(self) -> float:
+        acc = evaluate(self.student, *self.validation, device=self.device)[0]
+        self.student.train()
+        return acc
+
+    def stop(self, step: int) -> bool:
+        return self.validation is not None and step - self.step >= self.patience
+
+    def after(self, step: int) -> None:
+        """After training step `step`: validate when due, keep the weights if better."""
+        if self.validation is not None and step % self.eval_every == 0:
+            acc = self.validate()
+            if acc > self.acc:
+                self.acc, self.step = acc, step
+                self.state = copy.deepcopy(self.student.state_dict())
+
+    def restore(self) -> None:
+        if self.validation is not None:
+            self.student.load_state_dict(self.state)
+
+
 def distill_early_stopping(student: nn.Module, u: torch.Tensor, targets: torch.Tensor, *,
                            batches: list[torch.Tensor], lr: float, device: torch.device,
                            validation: tuple[torch.Tensor, torch.Tensor] | None = None,
@@ -229,23 +262,16 @@ def distill_early_stopping(student: nn.Module, u: torch.Tensor, targets: torch.T
     the learning rate cosine-annealed over the budget and the gradient norm clipped at
     `clip_norm`. With a labelled validation split, the student is validated before training
     and every `eval_every` steps, training stops after `patience` steps without a better
-    validation accuracy, and the best checkpoint is restored."""
+    validation accuracy, and the best checkpoint is restored (`BestCheckpoint`)."""
     start = time.perf_counter()
     student.to(device).train()
     opt = classifier_optimizer(student.parameters(), lr, optimizer, momentum)
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(1, len(batches)))
     batch_loss = batch_loss_fn(student, u, targets, device, amp)
-
-    def val_acc() -> float:
-        acc = evaluate(student, *validation, device=device)[0]
-        student.train()
-        return acc
-
-    best_acc = val_acc() if validation is not None else float("nan")
-    best_step, best_state = 0, copy.deepcopy(student.state_dict())
+    best = BestCheckpoint(student, validation, device, eval_every, patience)
     step, total = 0, 0.0
     for batch in batches:
-        if validation is not None and step - best_step >= patience:
+        if best.stop(step):
             break
         loss = batch_loss(batch)
         opt.zero_grad(set_to_none=True)
@@ -255,14 +281,9 @@ def distill_early_stopping(student: nn.Module, u: torch.Tensor, targets: torch.T
         schedule.step()
         step += 1
         total += loss.item()
-        if validation is not None and step % eval_every == 0:
-            acc = val_acc()
-            if acc > best_acc:
-                best_acc, best_step = acc, step
-                best_state = copy.deepcopy(student.state_dict())
-    if validation is not None:
-        student.load_state_dict(best_state)
+        best.after(step)
+    best.restore()
     student.eval()
     return {"distill_loss": total / step if step else float("nan"), "distill_steps": step,
-            "best_step": best_step, "val_acc": best_acc,
+            "best_step": best.step, "val_acc": best.acc,
             "seconds": time.perf_counter() - start}

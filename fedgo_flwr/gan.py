@@ -73,6 +73,7 @@ def train_wgan_gp(generator: Generator, critic: Critic, u: torch.Tensor, *, step
 
 # The choices of `discriminator-negatives` and `discriminator-calibration`.
 NEGATIVES = ("generator", "server-sample")
+SERVER_SAMPLE = "server-sample"  # an ArrayRecord of the server's images, sent instead of G
 CALIBRATIONS = ("none", "platt")
 
 # Where a discriminator's fakes come from: `negatives(n, gen)` -> n images in [-1, 1].
@@ -92,6 +93,29 @@ def image_negatives(images: torch.Tensor, *, flip: bool = True) -> Negatives:
         x = to_unit_range(images[torch.randint(len(images), (n,), generator=gen)])
         return random_hflip(x, gen) if flip else x
     return draw
+
+
+def server_sample(u: torch.Tensor, size: int, seed: int) -> torch.Tensor:
+    """The seeded sample of U sent instead of G (`discriminator_negatives="server-sample"`)."""
+    order = torch.randperm(len(u), generator=torch.Generator().manual_seed(seed))
+    return u[order[:size]].clone()
+
+
+def received_negatives(message, image_shape: tuple[int, ...], flip: bool,
+                       device: torch.device) -> Negatives:
+    """What D_k learns against, from FedGO's pre-FL message (a Flower `Message`): samples of
+    the received G, or the server's sample of U."""
+    conf, records = message.content.config_records["config"], message.content.array_records
+    if SERVER_SAMPLE in records:
+        images = records[SERVER_SAMPLE].to_torch_state_dict()["images"]
+        if tuple(images.shape[1:]) != image_shape:
+            raise ValueError(f"the server's sample has images of shape {tuple(images.shape[1:])}"
+                             f", this client's are {image_shape}")
+        return image_negatives(images, flip=flip)
+    c, h = image_shape[0], image_shape[1]
+    generator = Generator(int(conf["latent-dim"]), c, h, int(conf["generator-width"]))
+    generator.load_state_dict(records["generator"].to_torch_state_dict())
+    return generator_negatives(generator.to(device))
 
 
 def train_discriminator(discriminator: Discriminator, negatives: Negatives, x: torch.Tensor, *,

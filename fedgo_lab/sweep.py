@@ -37,10 +37,10 @@ from fedgo_app.generator_cache import generator_description, load_generator, sav
 from fedgo_flwr.models import Critic, create_classifier
 from fedgo_flwr.seeds import client_seed, round_seed
 from fedgo_flwr.sampling import sample_clients
-from fedgo_app.strategies.base import ClientModel, weighted_average
+from fedgo_app.strategies.base import PartitionModel, weighted_average
 from fedgo_app.generators import new_generator
 from fedgo_app.strategies.fedgo import new_local_discriminator
-from fedgo_flwr.strategies.fedgo import server_sample
+from fedgo_flwr.gan import server_sample
 from fedgo_flwr.gan import hold_out
 from fedgo_flwr.teachers import teacher_logits
 from fedgo_flwr.train import evaluate, resolve_device, train_classifier
@@ -178,7 +178,7 @@ def sweep(cfg: Config, alphas, num_clients, generator_steps, discriminator_epoch
                                  data.num_classes)
             # As the run scores them: teacher_logits, bf16 on a GPU (server-amp).
             logits[e] = teacher_logits(nets, test_x, device=device, amp=cfg.server_amp)
-            models = [ClientModel(p, int(n), net.state_dict(), {})
+            models = [PartitionModel(p, int(n), net.state_dict(), {})
                       for p, n, net in zip(pids, n_k, nets)]
             avg = create_classifier(cfg.model, image_shape[0], data.num_classes, image_shape[1])
             avg.load_state_dict(weighted_average(models, models[0].state))

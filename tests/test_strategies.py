@@ -268,7 +268,7 @@ def test_fedgen_sends_the_generator_from_round_two_and_rejects_bad_label_counts(
 def test_dafkd_averages_g_and_heads_by_n_k_and_weights_by_this_rounds_discriminators(
         tiny_config, monkeypatch):
     import dataclasses
-    from fedgo_app.strategies.base import ClientModel
+    from fedgo_app.strategies.base import PartitionModel
     from fedgo_app.strategies.dafkd import DaFKDApp
     from fedgo_flwr.strategies.dafkd import discriminator_head
     from fedgo_flwr.weighting import domain_aware_weights
@@ -305,7 +305,7 @@ def test_dafkd_averages_g_and_heads_by_n_k_and_weights_by_this_rounds_discrimina
     for r in answers[2:]:
         arrays = r.content.array_records
         pid = pids[r.metadata.src_node_id]
-        models.append(ClientModel(pid, 1, arrays["arrays"].to_torch_state_dict(), {}))
+        models.append(PartitionModel(pid, 1, arrays["arrays"].to_torch_state_dict(), {}))
         net = create_classifier(cfg.model, 1, 10, 28)
         net.load_state_dict(arrays["arrays"].to_torch_state_dict())
         head = discriminator_head(net.latent_dim)

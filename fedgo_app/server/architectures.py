@@ -5,14 +5,16 @@ trains its own architecture's. With one architecture the joined state is that mo
 from __future__ import annotations
 
 from logging import INFO
+from typing import Callable
 
 import torch
-from flwr.app import ArrayRecord
+from flwr.app import ArrayRecord, Message
 from flwr.common.logger import log
 
 from fedgo_app.server.clients import ClientDirectory
 from fedgo_app.server.setup import ServerSetup
 from fedgo_flwr.architectures import join, split
+from fedgo_flwr.replies import payload_bytes
 
 
 class Architectures:
@@ -42,6 +44,16 @@ class Architectures:
     @property
     def heterogeneous(self) -> bool:
         return len(self.names) > 1
+
+    def count_up(self, by_architecture: dict, replies: list[Message],
+                 partition_of: Callable[[Message], int | None]) -> None:
+        """Add each reply's bytes to its architecture's "up" (replies of partitions not asked
+        this round are not counted)."""
+        for reply in replies:
+            pid = partition_of(reply)
+            if pid is not None:
+                up = by_architecture.setdefault(self.of(pid), {})
+                up["up"] = up.get("up", 0) + payload_bytes([reply])
 
     def templates(self) -> dict[str, dict[str, torch.Tensor]]:
         """Each architecture's arrays (names, shapes), freshly built."""

@@ -17,8 +17,9 @@ from fedgo_flwr.aggregation import aggregate, mean
 
 
 @dataclass
-class ClientModel:
-    """theta_k^t of one client in this round, known by its partition id."""
+class PartitionModel:
+    """theta_k^t of one client in this round, known by its partition id (the library's
+    `ClientModel` knows it by node id and key)."""
     partition_id: int
     num_examples: int
     state: dict[str, torch.Tensor]
@@ -26,7 +27,7 @@ class ClientModel:
     extras: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)  # other arrays sent
 
 
-def weighted_average(models: list[ClientModel], template: dict[str, torch.Tensor]) -> dict:
+def weighted_average(models: list[PartitionModel], template: dict[str, torch.Tensor]) -> dict:
     """theta_s^t = sum_k n_k / sum_i n_i * theta_k^t (aggregation.mean)."""
     return mean([m.state for m in models], [m.num_examples for m in models], template)
 
@@ -40,7 +41,7 @@ class Averaging:
     def liars(self) -> set[int]:
         return set(self.record.data["clients"]["byzantine"]["partitions"])
 
-    def colluded(self, group: list[ClientModel], previous: dict) -> list[ClientModel]:
+    def colluded(self, group: list[PartitionModel], previous: dict) -> list[PartitionModel]:
         """The group with the colluders' models as they would send them (the simulation
         stands in for the colluders, who know the honest models and theta_g)."""
         if self.cfg.attack not in COLLUDING:
@@ -50,8 +51,8 @@ class Averaging:
                           [m.partition_id in liars for m in group], previous)
         return [replace(m, state=s) for m, s in zip(group, states)]
 
-    def __call__(self, server_round: int, models: list[ClientModel], previous: dict[str, dict],
-                 templates: dict[str, dict]) -> tuple[dict[str, dict] | None, list[ClientModel]]:
+    def __call__(self, server_round: int, models: list[PartitionModel], previous: dict[str, dict],
+                 templates: dict[str, dict]) -> tuple[dict[str, dict] | None, list[PartitionModel]]:
         """({architecture: its average} or None when the round changes nothing, the models as
         aggregated); an architecture without a usable average keeps its previous model."""
         averaged, used = {}, {}

@@ -114,31 +114,9 @@ def discover_clients(mailbox: Mailbox, timeout: float, poll: float = 2.0,
         for node, answer in answers.items():
             if isinstance(answer, str) and not isinstance(answer, Malformed):
                 failed[node] = answer
-                continue
-            why = answer if isinstance(answer, Malformed) else None
-            if why is None and answer[1] != num_partitions:
-                why = f"num-partitions {answer[1]}, the other nodes say {num_partitions}"
-            if why is None and answer[0] in clients:
-                why = (f"partition-id {answer[0]} is claimed by nodes "
-                       f"{clients[answer[0]].node_id} and {node}")
-            if why:  # a misconfigured or lying node
-                if require_all:
-                    raise RuntimeError(f"node {node}: {why}: fix --node-config, or set "
-                                       "require-all-clients = false to leave it out")
-                log(WARNING, "node %d is left out: %s", node, why)
-                refused[f"node {node}"] = str(why)
-                continue
-            pid, k, n, hist, names, model = answer
-            why = classes_problem(names, classes)
-            if why:
-                if require_all:
-                    raise RuntimeError(f"node {node} (partition {pid}): {why}; give every "
-                                       "node the server's class folders, or set "
-                                       "require-all-clients = false to leave it out")
-                log(WARNING, "node %d (partition %d) is left out: %s", node, pid, why)
-                refused[str(pid)] = why
-                continue
-            clients[pid] = Client(pid, node, n, hist, model)
+            elif client := admitted(node, answer, clients, num_partitions, classes,
+                                    require_all, refused):
+                clients[client.partition_id] = client
         if failed:
             # Loading a partition is deterministic: a node that failed once is not asked again,
             # so waiting for it would only run into the timeout.
@@ -148,19 +126,57 @@ def discover_clients(mailbox: Mailbox, timeout: float, poll: float = 2.0,
         if num_partitions is not None and len(clients) + len(refused) >= num_partitions:
             break
         if time.monotonic() > deadline:
-            missing = unanswered(num_partitions or 0, clients, refused)
-            what = (f"partitions {missing} of {num_partitions} did not answer within "
-                    f"{timeout:.0f}s (join-timeout)" if clients else
-                    f"no node answered within {timeout:.0f}s (join-timeout); nodes connected: "
-                    f"{len(asked)}")
-            if require_all or not clients:
-                raise TimeoutError(what + ("; require-all-clients = true" if clients else ""))
-            log(WARNING, "%s; going on with the %d that did", what, len(clients))
+            gave_up(timeout, num_partitions, clients, refused, len(asked), require_all)
             break
         time.sleep(poll)
     log(INFO, "%d clients, n_k by partition id: %s", len(clients),
         ", ".join(f"{p}: {clients[p].num_examples}" for p in sorted(clients)))
     return ClientDirectory(list(clients.values()), num_partitions, refused)
+
+
+def admitted(node: int, answer, clients: dict[int, Client], num_partitions: int | None,
+             classes: tuple[str, ...], require_all: bool, refused: dict[str, str]
+             ) -> Client | None:
+    """The client a node's answer makes, or None when the node is misconfigured or lying
+    (a malformed reply, another K, a partition already claimed, other classes): logged and
+    kept in `refused`, or under `require_all` the run fails saying what to fix."""
+    why = answer if isinstance(answer, Malformed) else None
+    if why is None and answer[1] != num_partitions:
+        why = f"num-partitions {answer[1]}, the other nodes say {num_partitions}"
+    if why is None and answer[0] in clients:
+        why = (f"partition-id {answer[0]} is claimed by nodes "
+               f"{clients[answer[0]].node_id} and {node}")
+    if why:
+        if require_all:
+            raise RuntimeError(f"node {node}: {why}: fix --node-config, or set "
+                               "require-all-clients = false to leave it out")
+        log(WARNING, "node %d is left out: %s", node, why)
+        refused[f"node {node}"] = str(why)
+        return None
+    pid, k, n, hist, names, model = answer
+    if why := classes_problem(names, classes):
+        if require_all:
+            raise RuntimeError(f"node {node} (partition {pid}): {why}; give every "
+                               "node the server's class folders, or set "
+                               "require-all-clients = false to leave it out")
+        log(WARNING, "node %d (partition %d) is left out: %s", node, pid, why)
+        refused[str(pid)] = why
+        return None
+    return Client(pid, node, n, hist, model)
+
+
+def gave_up(timeout: float, num_partitions: int | None, clients: dict[int, Client],
+            refused: dict[str, str], connected: int, require_all: bool) -> None:
+    """The join-timeout passed: fail under `require_all` (or with no client), else say who
+    is missing and go on."""
+    missing = unanswered(num_partitions or 0, clients, refused)
+    what = (f"partitions {missing} of {num_partitions} did not answer within "
+            f"{timeout:.0f}s (join-timeout)" if clients else
+            f"no node answered within {timeout:.0f}s (join-timeout); nodes connected: "
+            f"{connected}")
+    if require_all or not clients:
+        raise TimeoutError(what + ("; require-all-clients = true" if clients else ""))
+    log(WARNING, "%s; going on with the %d that did", what, len(clients))
 
 
 def unanswered(num_partitions: int, clients, refused: dict[str, str]) -> list[int]:
@@ -209,7 +225,6 @@ def query_nodes(mailbox: Mailbox, nodes: list[int], timeout: float,
         answers[node] = (pid, k, n, hist, tuple(names["names"]) if names else None,
                          str(model["name"]) if model else "")
     return answers
-
 
 
 def config_record(**values) -> ConfigRecord:

@@ -12,7 +12,7 @@ import torch
 from flwr.app import Message
 from flwr.common.logger import log
 
-from fedgo_app.server.averaging import ClientModel
+from fedgo_app.server.averaging import PartitionModel
 from fedgo_flwr.replies import examples_problem, state_problem
 
 
@@ -32,7 +32,7 @@ def reply_problem(reply: Message, array_key: str, template: dict[str, torch.Tens
 def collect(replies: Iterable[Message], expected: dict[int, int],
             node_of: Callable[[Message], int], problem: Callable[[Message, int], str | None],
             array_key: str, sample_size: Callable[[int, int], int]
-            ) -> tuple[list[ClientModel], dict]:
+            ) -> tuple[list[PartitionModel], dict]:
     """The usable replies as ClientModels in partition order (`expected`: node id ->
     partition id; `problem(reply, pid)`: why it cannot be used; `sample_size(pid, reported)`:
     its n_k), and the tally of the partitions asked: missing (no reply in time), failed (an
@@ -54,7 +54,7 @@ def collect(replies: Iterable[Message], expected: dict[int, int],
         seen.add(pid)
         metrics = dict(reply.content.metric_records["metrics"])
         arrays = {k: a.to_torch_state_dict() for k, a in reply.content.array_records.items()}
-        models.append(ClientModel(pid, sample_size(pid, int(metrics["num-examples"])),
+        models.append(PartitionModel(pid, sample_size(pid, int(metrics["num-examples"])),
                                   arrays.pop(array_key), metrics, arrays))
     no_reply = sorted(set(expected.values()) - seen)
     if no_reply:

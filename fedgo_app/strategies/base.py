@@ -24,7 +24,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from fedgo_app.server.architectures import Architectures
-from fedgo_app.server.averaging import Averaging, ClientModel, weighted_average
+from fedgo_app.server.averaging import Averaging, PartitionModel, weighted_average
 from fedgo_app.server.clients import MIN_CLIENTS, ClientDirectory, config_record
 from fedgo_app.server.evaluation import Evaluation
 from fedgo_app.server.membership import Membership, RoundGrid
@@ -37,12 +37,12 @@ from fedgo_flwr.keys import ConfigError
 from fedgo_flwr.replies import payload_bytes
 from fedgo_flwr.sampling import sample_clients
 from fedgo_flwr.seeds import round_seed
-from fedgo_flwr.strategies.base import ClientModel as LibraryModel
+from fedgo_flwr.strategies.base import ClientModel
 from fedgo_flwr.strategies.base import RoundReport, ServerUpdateFedAvg
 from fedgo_flwr.strategies.label_counts import label_counts_problem
 
 
-__all__ = ["CLIENT", "FEDAVG", "ClientModel", "FedAvgStrategy", "RoundGrid", "ServerSetup",
+__all__ = ["CLIENT", "FEDAVG", "PartitionModel", "FedAvgStrategy", "RoundGrid", "ServerSetup",
            "local_update", "weighted_average"]
 
 
@@ -198,14 +198,10 @@ class FedAvgStrategy(ServerUpdateFedAvg):
     def count_up(self, server_round: int, replies: list[Message]) -> None:
         """The bytes the round's replies carry (by architecture in a mixed federation)."""
         self.record.sent("main_fl", "up", payload_bytes(replies), server_round)
-        if not self.architectures.heterogeneous:
-            return
-        by_arch = self.record.round(server_round).setdefault("bytes_by_architecture", {})
-        for reply in replies:
-            pid = self.sampled.get(self.mailbox.node_of(reply))
-            if pid is not None:
-                up = by_arch.setdefault(self.architectures.of(pid), {})
-                up["up"] = up.get("up", 0) + payload_bytes([reply])
+        if self.architectures.heterogeneous:
+            by_arch = self.record.round(server_round).setdefault("bytes_by_architecture", {})
+            self.architectures.count_up(by_arch, replies, lambda reply: self.sampled.get(
+                self.mailbox.node_of(reply)))
 
     def why_left_out(self, reply: Message, array_key: str, template: dict[str, torch.Tensor],
                      extras: dict[str, dict[str, torch.Tensor]] | None = None) -> str | None:
@@ -221,7 +217,7 @@ class FedAvgStrategy(ServerUpdateFedAvg):
 
     def collect(self, replies: Iterable[Message], array_key: str, template, expected: dict,
                 extras: dict[str, dict[str, torch.Tensor]] | None = None
-                ) -> tuple[list[ClientModel], dict]:
+                ) -> tuple[list[PartitionModel], dict]:
         """The usable replies (`template`: the arrays' names and shapes, or a function of the
         partition id giving them; `extras`: more arrays each must carry) and their tally
         (fedgo_app.server.replies.collect), n_k as `Membership.sample_size` weighs it."""
@@ -232,8 +228,8 @@ class FedAvgStrategy(ServerUpdateFedAvg):
         return collect(replies, expected, self.mailbox.node_of, problem, array_key,
                        self.membership.sample_size)
 
-    def aggregate_train(self, server_round: int,
-                        replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]
+                        ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """The usable replies averaged (each architecture's among its own), then the server
         update; partitions that missed the round are absent until they answer again."""
         server_round = self.current_round = server_round + self.offset
@@ -265,7 +261,7 @@ class FedAvgStrategy(ServerUpdateFedAvg):
         return ArrayRecord(state), MetricRecord({"train-loss": self.record_train(server_round,
                                                                                  models)})
 
-    def record_train(self, server_round: int, models: list[ClientModel]) -> float:
+    def record_train(self, server_round: int, models: list[PartitionModel]) -> float:
         """The round's n_k-weighted train loss and the clients' own compute (their sum, apart
         from waiting and transfer), recorded; the loss returned."""
         reported = [m for m in models if isinstance(m.metrics.get("train-loss"), (int, float))]
@@ -277,7 +273,7 @@ class FedAvgStrategy(ServerUpdateFedAvg):
         return loss
 
     def update_average(self, server_round: int, averaged: dict[str, torch.Tensor],
-                       models: list[ClientModel]) -> dict[str, torch.Tensor]:
+                       models: list[PartitionModel]) -> dict[str, torch.Tensor]:
         """The library strategy's server update (`server_update`: FedAvg keeps the average)
         on the round as the library sees it; its observers (the record) see it after."""
         report = self.library_report(server_round, averaged, models)
@@ -288,9 +284,9 @@ class FedAvgStrategy(ServerUpdateFedAvg):
         return report.arrays.to_torch_state_dict()
 
     def library_report(self, server_round: int, averaged: dict[str, torch.Tensor] | None,
-                       models: list[ClientModel]) -> RoundReport:
+                       models: list[PartitionModel]) -> RoundReport:
         """The round as the library sees it: each model known by its partition id."""
-        clients = [LibraryModel(self.clients.by_partition[m.partition_id].node_id,
+        clients = [ClientModel(self.clients.by_partition[m.partition_id].node_id,
                                 m.num_examples, RecordDict({"arrays": ArrayRecord(m.state)}),
                                 m.metrics, {k: ArrayRecord(v) for k, v in m.extras.items()},
                                 m.partition_id) for m in models]
@@ -298,7 +294,7 @@ class FedAvgStrategy(ServerUpdateFedAvg):
                            None if averaged is None else ArrayRecord(averaged), None, {})
 
     def update_architectures(self, server_round: int, averaged: dict[str, dict],
-                             models: list[ClientModel]) -> dict[str, dict]:
+                             models: list[PartitionModel]) -> dict[str, dict]:
         """A mixed federation's server update ({architecture: its average}); FedAvg keeps
         each architecture's average."""
         return averaged

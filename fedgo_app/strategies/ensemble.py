@@ -24,7 +24,7 @@ from flwr.common.logger import log
 
 from fedgo_app.generators import generator_arguments, obtain_generator
 from fedgo_app.server.record import RunRecord
-from fedgo_app.strategies.base import CLIENT, ClientModel as AppModel, FedAvgStrategy, ServerSetup
+from fedgo_app.strategies.base import CLIENT, FedAvgStrategy, PartitionModel, ServerSetup
 from fedgo_app.strategies.ensemble_record import EnsembleRecord
 from fedgo_app.fedgan import TRAIN_FEDGAN, fedgan_generator, fedgan_update
 from fedgo_flwr.diagnostics import PAST_TEACHERS
@@ -201,7 +201,7 @@ class EnsembleApp(FedAvgStrategy, LibraryEnsemble):
 
     # --- the round: the library's server update (fedgo_flwr.strategies.ensemble)
     def update_architectures(self, server_round: int, averaged: dict[str, dict],
-                             models: list[AppModel]) -> dict[str, dict]:
+                             models: list[PartitionModel]) -> dict[str, dict]:
         """A mixed federation (a wrapper of the library's update): the ensemble of every
         architecture's teachers pseudo-labels the distillation set once, and each
         architecture's average is distilled on it."""

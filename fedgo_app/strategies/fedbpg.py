@@ -13,8 +13,8 @@ trained as FedAvg's clients train and becomes omega_k, the shared model it uploa
 label counts |D_k^y|. Without AF it starts from omega-bar, as FedAvg's clients do.
 
 Server (the library's `FedBPG.server_update`): omega-bar = the n_k-weighted average. With
-ensemble distillation (ED) it then trains G(z, y) (Eqs. 1-5: authenticity, diversity, effectiveness; y from the clients' label
-proportions) for `fedbpg-generator-steps` Adam steps, kept across rounds, and tunes omega-bar
+ensemble distillation (ED) it then trains G(z, y) (Eqs. 1-5: authenticity, diversity,
+effectiveness; y from the clients' label proportions) for `fedbpg-generator-steps` Adam steps, kept across rounds, and tunes omega-bar
 for `fedbpg-tune-steps` steps on Eq. 13 (KL to the exp(-CE) consensus of the shared models,
 plus the empirical loss where the consensus does not beat omega-bar on a pseudo-sample of
 quality xi < zeta), the retained pseudo-data of the last round first (Algorithm 1). Without ED

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from functools import partial
 from logging import INFO, WARNING
 
 import torch
@@ -210,27 +211,15 @@ class EnsembleDistillation(ServerUpdateFedAvg):
         keeps. Returns (targets, batches, metrics); what it used goes into report.details."""
         nets = self.teacher_nets(teachers)
         n_k = torch.tensor([m.num_examples for m in teachers], dtype=torch.float32)
-        amp = self.device.type == "cuda"
         past = self.past.last(self.past_teachers)
         shares = past_member_shares(len(teachers), len(past)) + (
             [self.averaged_share] if self.averaged_share else [])
         rule = self.round_weighting(teachers)
         weighting = with_members(rule, shares) if shares else rule
-        own = (self.averaged_share > 0) + self.teacher_floor  # rows of the average's logits
         report.details.update(teachers=teachers, nets=nets, client_rule=rule,
                               weighting=weighting, past=past, past_states=list(self.past.states),
                               distillation_set=u)
-
-        def scores(v: int, samples: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            logits, log_odds = self.scores(teachers, nets, u, samples, v)
-            rows = [logits]  # the clients', the past models', the average as member, floor
-            if past:
-                rows.append(self.past.logits(past, u, self.load, samples=samples,
-                                             device=self.device, flip=v == 1, amp=amp))
-            if own:
-                rows += [teacher_logits([student], u[samples], device=self.device,
-                                        flip=v == 1, amp=amp)] * own
-            return torch.cat(rows), log_odds
+        scores = partial(self.member_scores, teachers, nets, past, student, u)
 
         def label(batches: list[torch.Tensor], targets: torch.Tensor | None) -> torch.Tensor:
             return view_pseudo_labels(scores, len(u), n_k, weighting, batches,
@@ -241,7 +230,8 @@ class EnsembleDistillation(ServerUpdateFedAvg):
         metrics = {"past-teachers": len(past)} if self.past_teachers else {}
         if self.distill_budget == "disagreement":  # the average is the student, undistilled
             targets, batches, metrics["disagreement"] = budgeted_pseudo_labels(
-                label, lambda t: disagreement(student, u, t, device=self.device, amp=amp),
+                label, lambda t: disagreement(student, u, t, device=self.device,
+                                              amp=self.device.type == "cuda"),
                 batches, probe=self.budget_probe)
         else:
             targets = label(batches, None)
@@ -251,6 +241,24 @@ class EnsembleDistillation(ServerUpdateFedAvg):
         log(INFO, "round %d: %d teachers pseudo-labelled %d images (%.1fs)", server_round,
             len(teachers), len(u), metrics["pseudo-label-seconds"])
         return targets, batches, metrics
+
+    def member_scores(self, teachers: list[ClientModel], nets: list[nn.Module], past: list,
+                      student: nn.Module, u: torch.Tensor, view: int, samples: torch.Tensor
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every member's logits on u[samples] in view `view` (1: flipped), rows in order: the
+        clients', the past models', the average as member, the floor; and the clients'
+        log-odds."""
+        amp = self.device.type == "cuda"
+        logits, log_odds = self.scores(teachers, nets, u, samples, view)
+        rows = [logits]
+        if past:
+            rows.append(self.past.logits(past, u, self.load, samples=samples,
+                                         device=self.device, flip=view == 1, amp=amp))
+        own = (self.averaged_share > 0) + self.teacher_floor  # rows of the average's logits
+        if own:
+            rows += [teacher_logits([student], u[samples], device=self.device,
+                                    flip=view == 1, amp=amp)] * own
+        return torch.cat(rows), log_odds
 
     def distill_batches(self, server_round: int, u: torch.Tensor) -> list[torch.Tensor]:
         """This round's distillation minibatches: E_s shuffled passes over the set, each

@@ -21,8 +21,9 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
-from fedgo_flwr.gan import (Negatives, calibrate_discriminator, generator_negatives, hold_out,
-                            image_negatives, log_odds, train_discriminator, train_wgan_gp)
+from fedgo_flwr.gan import (NEGATIVES, SERVER_SAMPLE, calibrate_discriminator, hold_out,
+                            log_odds, received_negatives, server_sample, train_discriminator,
+                            train_wgan_gp)
 from fedgo_flwr.inputs import images_of
 from fedgo_flwr.models import Critic, Discriminator, Generator
 from fedgo_flwr.defences import screen_odds
@@ -32,15 +33,7 @@ from fedgo_flwr.strategies.ensemble import EnsembleDistillation
 from fedgo_flwr.weighting import WEIGHTINGS
 
 TRAIN_DISCRIMINATOR = "train.discriminator"  # the pre-FL stage's message type
-NEGATIVES = ("generator", "server-sample")
-SERVER_SAMPLE = "server-sample"  # an ArrayRecord of the server's images, sent instead of G
 POLL_SECONDS = 0.5
-
-
-def server_sample(u: torch.Tensor, size: int, seed: int) -> torch.Tensor:
-    """The seeded sample of U sent instead of G (`discriminator_negatives="server-sample"`)."""
-    order = torch.randperm(len(u), generator=torch.Generator().manual_seed(seed))
-    return u[order[:size]].clone()
 
 
 class FedGO(EnsembleDistillation):
@@ -354,19 +347,3 @@ def discriminator_update(message: Message, data, *, device: str | torch.device =
     return Message(RecordDict({
         "discriminator": ArrayRecord(discriminator.cpu().state_dict()),
         "metrics": MetricRecord({"num-examples": len(x), **result})}), reply_to=message)
-
-
-def received_negatives(message: Message, image_shape: tuple[int, ...], flip: bool,
-                       device: torch.device) -> Negatives:
-    """What D_k learns against: samples of the received G, or the server's sample of U."""
-    conf, records = message.content.config_records["config"], message.content.array_records
-    if SERVER_SAMPLE in records:
-        images = records[SERVER_SAMPLE].to_torch_state_dict()["images"]
-        if tuple(images.shape[1:]) != image_shape:
-            raise ValueError(f"the server's sample has images of shape {tuple(images.shape[1:])}"
-                             f", this client's are {image_shape}")
-        return image_negatives(images, flip=flip)
-    c, h = image_shape[0], image_shape[1]
-    generator = Generator(int(conf["latent-dim"]), c, h, int(conf["generator-width"]))
-    generator.load_state_dict(records["generator"].to_torch_state_dict())
-    return generator_negatives(generator.to(device))
