@@ -29,7 +29,8 @@ def state_problem(arrays: ArrayRecord | None, template: dict[str, torch.Tensor])
 
 def examples_problem(metrics: MetricRecord | None, key: str) -> str | None:
     value = None if metrics is None else metrics.get(key)
-    if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+    if (not isinstance(value, (int, float)) or isinstance(value, bool)
+            or not math.isfinite(value) or value <= 0):
         return f"metric {key!r} is {value!r}, not a positive number"
     return None
 

@@ -33,7 +33,6 @@ class Membership:
         self.mailbox: Mailbox | None = None
         self.absent: set[int] = set()  # partitions that missed their last round
         self.label_counts = False  # ask nodes for their label histograms
-        self.architectures: list[str] = []  # a rejoining node must run one of these
 
     def discover(self, grid: Grid, label_counts: bool) -> ClientDirectory:
         """Learn the clients (partition id, node id, n_k) before the first round; the record
@@ -87,12 +86,13 @@ class Membership:
         return self.mailbox.send_and_receive(messages, timeout=self.cfg.round_timeout,
                                              server_round=server_round, arrived=arrived)
 
-    def refresh(self, grid: Grid, server_round: int) -> None:
+    def refresh(self, grid: Grid, server_round: int, architectures: list[str]) -> None:
         """Before sampling: count the replies that came after their round's wait (a round's
         model is not used once its round is over; FedGO's late discriminators are the
         library's to take), and take back partitions that answer again. A partition is absent
         from sampling after it misses a round; it rejoins when a late reply of it arrives, or
-        when its node, or a new node reporting its partition id, answers a query."""
+        when its node, or a new node reporting its partition id, answers a query running one
+        of the run's `architectures`."""
         for node, late_round, _ in self.mailbox.late_replies():
             pid = self.clients.partition_of(node)
             if pid is None:
@@ -108,9 +108,9 @@ class Membership:
         if probe:
             for node, answer in query_nodes(self.mailbox, probe, PROBE_SECONDS,
                                             self.label_counts).items():
-                self.answered(node, answer, server_round)
+                self.answered(node, answer, server_round, architectures)
 
-    def answered(self, node: int, answer, server_round: int) -> None:
+    def answered(self, node: int, answer, server_round: int, architectures: list[str]) -> None:
         """A probed node's answer: it takes its partition back if it fits the run (a rejoin
         cannot raise n_k nor change the partition's architecture)."""
         if (isinstance(answer, str) or answer[1] != self.clients.num_partitions
@@ -118,10 +118,10 @@ class Membership:
             return
         pid, _, n, _, _, model = answer
         old = self.clients.by_partition.get(pid)
-        if (old and model != old.model) or (model or self.cfg.model) not in self.architectures:
+        if (old and model != old.model) or (model or self.cfg.model) not in architectures:
             log(WARNING, "node %d answers for partition %d with architecture %r, not the "
                 "one it had or one of the run's (%s): left out", node, pid, model,
-                ", ".join(self.architectures))
+                ", ".join(architectures))
             return
         self.clients.by_partition[pid] = Client(pid, node, min(n, old.num_examples) if old
                                                 else n, old and old.label_histogram, model)

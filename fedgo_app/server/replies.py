@@ -33,7 +33,7 @@ def collect(replies: Iterable[Message], expected: dict[int, int],
             node_of: Callable[[Message], int], problem: Callable[[Message, int], str | None],
             array_key: str, sample_size: Callable[[int, int], int]
             ) -> tuple[list[PartitionModel], dict]:
-    """The usable replies as ClientModels in partition order (`expected`: node id ->
+    """The usable replies as PartitionModels in partition order (`expected`: node id ->
     partition id; `problem(reply, pid)`: why it cannot be used; `sample_size(pid, reported)`:
     its n_k), and the tally of the partitions asked: missing (no reply in time), failed (an
     error reply: the node or its ClientApp failed) and rejected (a reply that fails the
@@ -55,7 +55,7 @@ def collect(replies: Iterable[Message], expected: dict[int, int],
         metrics = dict(reply.content.metric_records["metrics"])
         arrays = {k: a.to_torch_state_dict() for k, a in reply.content.array_records.items()}
         models.append(PartitionModel(pid, sample_size(pid, int(metrics["num-examples"])),
-                                  arrays.pop(array_key), metrics, arrays))
+                                     arrays.pop(array_key), metrics, arrays))
     no_reply = sorted(set(expected.values()) - seen)
     if no_reply:
         log(WARNING, "no reply in time from partitions %s", no_reply)

@@ -115,7 +115,6 @@ class FedAvgStrategy(ServerUpdateFedAvg):
         round; a mixed federation's global model is every architecture's, joined."""
         clients = self.membership.discover(grid, self.asks_label_counts)
         mixed = self.architectures.found(clients)
-        self.membership.architectures = self.architectures.names
         if mixed is not None:
             self.template = self.architectures.joined_template()
             self.record.data["clients"]["architectures"] = mixed
@@ -164,7 +163,7 @@ class FedAvgStrategy(ServerUpdateFedAvg):
         partitions present are sampled by the seed, each gets its architecture's model."""
         server_round = self.current_round = server_round + self.offset
         self.grid = grid
-        self.membership.refresh(grid, server_round)
+        self.membership.refresh(grid, server_round, self.architectures.names)
         pids = sample_clients(self.clients.partition_ids, self.cfg.fraction_train,
                               self.cfg.seed, server_round, MIN_CLIENTS, self.absent)
         self.sampled = {self.clients.by_partition[p].node_id: p for p in pids}
