@@ -52,7 +52,9 @@ def partition_seed(message: Message, context: Context) -> int | None:
 def register(app: ClientApp, *, model_fn: Callable[[], nn.Module],
              data_fn: Callable[[Context], object],
              device: str | torch.device | None = None,
-             test_data_fn: Callable[[Context], object] | None = None) -> None:
+             test_data_fn: Callable[[Context], object] | None = None,
+             discriminator_fn: Callable[[], nn.Module] | None = None,
+             generator_fn: Callable[[], nn.Module] | None = None) -> None:
     """Add the handlers of FedGO's, DaFKD's, FedGen's and FedBPG's own messages, the
     guard's and the partition query's to `app`, beside its train and evaluate handlers.
 
@@ -71,13 +73,19 @@ def register(app: ClientApp, *, model_fn: Callable[[], nn.Module],
     test_data_fn : Callable[[Context], data] | None (default: None)
         The node's labelled test data, on which FedBPG's clients score their personal
         models; None scores them on the training data.
+    discriminator_fn, generator_fn : Callable[[], nn.Module] | None (default: None)
+        Build FedGO's D_k and G where the server uses modules of its own (its FedGO's
+        `discriminator_fn`, its `generator`'s maker); None: the library's, built for the
+        client's image size.
     """
     def where() -> torch.device:
         return torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
 
     def discriminator(message: Message, context: Context) -> Message:
         return discriminator_update(message, data_fn(context), device=where(),
-                                    seed=partition_seed(message, context))
+                                    seed=partition_seed(message, context),
+                                    discriminator_fn=discriminator_fn,
+                                    generator_fn=generator_fn)
 
     def dafkd(message: Message, context: Context) -> Message:
         return domain_aware_update(message, model_fn(), data_fn(context), device=where(),

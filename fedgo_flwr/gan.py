@@ -3,18 +3,19 @@
 
 from __future__ import annotations
 
-import logging
 import time
+from logging import INFO
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
+from flwr.common.logger import log
+from torch import nn
 
 from fedgo_flwr.batches import minibatches, random_hflip, to_unit_range
 from fedgo_flwr.models import Critic, Discriminator, Generator
+from fedgo_flwr.progress import Progress
 from fedgo_flwr.train import apply_in_batches, minibatch_descent
-
-log = logging.getLogger(__name__)
 
 
 def _gradient_penalty(critic: Critic, real: torch.Tensor, fake: torch.Tensor,
@@ -27,7 +28,7 @@ def _gradient_penalty(critic: Critic, real: torch.Tensor, fake: torch.Tensor,
 
 def train_wgan_gp(generator: Generator, critic: Critic, u: torch.Tensor, *, steps: int,
                   critic_steps: int = 5, gp_weight: float = 10.0, lr: float = 2e-4,
-                  batch_size: int = 64, flip: bool = True, seed: int = 0,
+                  batch_size: int = 64, flip: bool = False, seed: int = 0,
                   device: torch.device = torch.device("cpu"),
                   progress: Callable[[int, float, float], None] | None = None) -> dict:
     """WGAN-GP (Gulrajani et al.) on unlabeled uint8 images u: `steps` generator steps, each
@@ -71,22 +72,45 @@ def train_wgan_gp(generator: Generator, critic: Critic, u: torch.Tensor, *, step
             "generator-loss": g_loss, "seconds": time.perf_counter() - start}
 
 
+def wgan_generator(u: torch.Tensor, steps: int, *, latent_dim: int, width: int, seed: int,
+                   device: torch.device, **settings) -> Generator:
+    """G1 for U's image shape: WGAN-GP on U from the seed (`settings`: train_wgan_gp's),
+    with its progress logged."""
+    c, h, w = u.shape[1:]
+    torch.manual_seed(seed)
+    generator = Generator(latent_dim, c, (h, w), width)
+    bar = Progress("pre-FL: generator", steps, hint=(
+        "fewer generator_steps, a smaller generator_width, a GPU (device), or a trained "
+        "generator of your own (generator)"))
+    info = train_wgan_gp(generator, Critic(c, (h, w), width), u, steps=steps, seed=seed,
+                         device=device, **settings,
+                         progress=lambda t, w_dist, _: bar.step(
+                             t, f"Wasserstein estimate {w_dist:.3f}"))
+    log(INFO, "pre-FL: generator trained in %.1fs", info["seconds"])
+    return generator.cpu().eval()
+
+
 # The choices of `discriminator-negatives` and `discriminator-calibration`.
 NEGATIVES = ("generator", "server-sample")
 SERVER_SAMPLE = "server-sample"  # an ArrayRecord of the server's images, sent instead of G
+# config "generator" and "discriminator": the library's module, or the user's own, which
+# the client builds with the function given to `register`
+LIBRARY, OWN = "library", "own"
 CALIBRATIONS = ("none", "platt")
 
 # Where a discriminator's fakes come from: `negatives(n, gen)` -> n images in [-1, 1].
 Negatives = Callable[[int, torch.Generator], torch.Tensor]
 
 
-def generator_negatives(generator: Generator) -> Negatives:
-    """Samples of the fixed G (Algorithm 3)."""
+def generator_negatives(generator: nn.Module) -> Negatives:
+    """Samples of the fixed G (Algorithm 3), from seeded standard normal latents."""
     generator.eval()
-    return lambda n, gen: generator.sample(n, gen)
+    device = next(generator.parameters()).device
+    return lambda n, gen: generator(torch.randn(n, generator.latent_dim, generator=gen)
+                                    .to(device))
 
 
-def image_negatives(images: torch.Tensor, *, flip: bool = True) -> Negatives:
+def image_negatives(images: torch.Tensor, *, flip: bool = False) -> Negatives:
     """Images drawn with replacement from uint8 `images` (a sample of the server's unlabeled
     set standing in for G; not in the paper), randomly flipped as the real ones are."""
     def draw(n: int, gen: torch.Generator) -> torch.Tensor:
@@ -101,10 +125,11 @@ def server_sample(u: torch.Tensor, size: int, seed: int) -> torch.Tensor:
     return u[order[:size]].clone()
 
 
-def received_negatives(message, image_shape: tuple[int, ...], flip: bool,
-                       device: torch.device) -> Negatives:
+def received_negatives(message, image_shape: tuple[int, ...], flip: bool, device: torch.device,
+                       generator_fn: Callable[[], nn.Module] | None = None) -> Negatives:
     """What D_k learns against, from FedGO's pre-FL message (a Flower `Message`): samples of
-    the received G, or the server's sample of U."""
+    the received G (the library's `Generator`, or the server's own module, which
+    `generator_fn` builds here), or the server's sample of U."""
     conf, records = message.content.config_records["config"], message.content.array_records
     if SERVER_SAMPLE in records:
         images = records[SERVER_SAMPLE].to_torch_state_dict()["images"]
@@ -112,14 +137,35 @@ def received_negatives(message, image_shape: tuple[int, ...], flip: bool,
             raise ValueError(f"the server's sample has images of shape {tuple(images.shape[1:])}"
                              f", this client's are {image_shape}")
         return image_negatives(images, flip=flip)
-    c, h = image_shape[0], image_shape[1]
-    generator = Generator(int(conf["latent-dim"]), c, h, int(conf["generator-width"]))
+    if conf.get("generator", LIBRARY) == LIBRARY:
+        generator = Generator(int(conf["latent-dim"]), image_shape[0], tuple(image_shape[1:]),
+                              int(conf["generator-width"]))
+    elif generator_fn is None:
+        raise ValueError("the server's generator is a module of its own, not the library's "
+                         "Generator: pass generator_fn (the function that builds it) to "
+                         "fedgo_flwr.client.register or discriminator_update")
+    else:
+        generator = generator_fn()
     generator.load_state_dict(records["generator"].to_torch_state_dict())
     return generator_negatives(generator.to(device))
 
 
+def received_discriminator(conf, image_shape: tuple[int, ...],
+                           discriminator_fn: Callable[[], nn.Module] | None) -> nn.Module:
+    """D_k as the pre-FL message's config says: the library's `Discriminator` for the client's
+    image shape, or the server's own architecture, which `discriminator_fn` builds."""
+    if conf.get("discriminator", LIBRARY) == LIBRARY:
+        return Discriminator(image_shape[0], tuple(image_shape[1:]),
+                             int(conf["discriminator-width"]))
+    if discriminator_fn is None:
+        raise ValueError("the server's discriminator is a module of its own, not the library's "
+                         "Discriminator: pass discriminator_fn (the function FedGO was given) to "
+                         "fedgo_flwr.client.register or discriminator_update")
+    return discriminator_fn()
+
+
 def train_discriminator(discriminator: Discriminator, negatives: Negatives, x: torch.Tensor, *,
-                        epochs: int, lr: float = 2e-4, batch_size: int = 64, flip: bool = True,
+                        epochs: int, lr: float = 2e-4, batch_size: int = 64, flip: bool = False,
                         seed: int = 0, device: torch.device = torch.device("cpu"),
                         after_epoch: Callable[[int], None] | None = None) -> dict:
     """Algorithm 3: vanilla GAN loss, real = the client's images, fake = `negatives` (samples of
@@ -140,7 +186,8 @@ def train_discriminator(discriminator: Discriminator, negatives: Negatives, x: t
             real = random_hflip(real, gen)
         with torch.no_grad():
             fake = negatives(len(idx), gen).to(device)
-        s_real, s_fake = discriminator.log_odds(real), discriminator.log_odds(fake)
+        s_real = torch.sigmoid(discriminator.logit(real))
+        s_fake = torch.sigmoid(discriminator.logit(fake))
         return (F.binary_cross_entropy_with_logits(s_real, torch.ones_like(s_real))
                 + F.binary_cross_entropy_with_logits(s_fake, torch.zeros_like(s_fake)))
 
@@ -195,7 +242,8 @@ def log_odds(discriminator: Discriminator, x: torch.Tensor, *, device: torch.dev
     calibration (a, b) the uncapped a * logit + b (see platt_calibration)."""
     discriminator.to(device).eval()
     if calibration is None:
-        return apply_in_batches(discriminator.log_odds, x, device=device, flip=flip)
+        return apply_in_batches(lambda v: torch.sigmoid(discriminator.logit(v)), x,
+                                device=device, flip=flip)
     a, b = calibration
     return apply_in_batches(discriminator.logit, x, device=device, flip=flip) * a + b
 

@@ -179,7 +179,8 @@ def test_bad_arguments_fail_at_construction_naming_the_argument():
         FedGen(model_fn=flat)
     with pytest.raises(ValueError, match="decay"):
         FedGen(model_fn=UserNet, decay=1.5)
-    with pytest.raises(ValueError, match="image_shape is \\(1, 30, 30\\)"):
+    with pytest.raises(ValueError, match=r"model_fn's model cannot take images of "
+                                         r"image_shape \(1, 30, 30\), of shape"):
         FedBPG(model_fn=UserNet, image_shape=(1, 30, 30))
     with pytest.raises(ValueError, match="initial_arrays do not fit"):
         FedGen(model_fn=UserNet, device="cpu").start(

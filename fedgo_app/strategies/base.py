@@ -52,6 +52,9 @@ class FedAvgStrategy(ServerUpdateFedAvg):
     runs its rounds."""
 
     has_ensemble = False
+    # the app's clients train as the run config says (fedgo_app/strategies/clients.py), in
+    # the train config this class builds: nothing for `start` to ask of its caller
+    client_training: tuple[str, ...] = ()
     # Clients of different architectures (fedgo_flwr/architectures.py): FedAvg and FedProx
     # average each architecture among its own clients; a strategy that cannot says why.
     mixes_architectures = True

@@ -29,7 +29,6 @@ from torch import nn
 
 from fedgo_app.client_context import Local, config_of
 from fedgo_flwr.keys import NON_NEGATIVE, key
-from fedgo_flwr.models import generator_fits
 from fedgo_flwr.seeds import client_seed
 from fedgo_app.server.record import RunRecord
 from fedgo_app.strategies.base import CLIENT, ServerSetup
@@ -60,7 +59,6 @@ class DaFKDApp(EnsembleApp, LibraryDaFKD):
 
     def __init__(self, setup: ServerSetup, record: RunRecord):
         cfg = setup.cfg
-        generator_fits(setup.image_shape[1], cfg.dataset)
         setup.latent_dim("dafkd")  # a model without a latent layer is refused, saying why
         super().__init__(setup, record, None, gan_rounds=cfg.keys("dafkd").gan_rounds,
                          latent_dim=cfg.latent_dim, generator_width=cfg.generator_width,

@@ -22,7 +22,7 @@ from fedgo_app.strategies.base import ServerSetup
 from fedgo_app.strategies.ensemble import ENSEMBLE_CLIENT, MARKS, READS, EnsembleApp
 from fedgo_app.strategies.registry import StrategySpec
 from fedgo_flwr.gan import log_odds
-from fedgo_flwr.models import Discriminator, generator_fits
+from fedgo_flwr.models import Discriminator
 from fedgo_flwr.seeds import client_seed
 from fedgo_flwr.strategies.fedgo import TRAIN_DISCRIMINATOR
 from fedgo_flwr.strategies.fedgo import FedGO as LibraryFedGO
@@ -55,8 +55,6 @@ class FedGOApp(EnsembleApp, LibraryFedGO):
                          **fedgo_keywords(cfg))
         self.calibrated = cfg.calibrated_odds
         self.test_odds: dict[int, torch.Tensor] = {}  # partition -> log Phi_k on the test split
-        if cfg.discriminator_negatives == "generator" and cfg.generator_source == "train-on-u":
-            generator_fits(setup.image_shape[1], cfg.dataset)
 
     # ------------------------------------------------------------------ pre-FL stage
     def prepare(self, grid) -> None:

@@ -16,8 +16,8 @@ from torch import nn
 from fedgo_flwr.keys import ConfigError
 from fedgo_flwr.models.classifiers import CNN, MLP, VGG11BN, ResNet18, ResNet50
 from fedgo_flwr.models.feature import FeatureGenerator
-from fedgo_flwr.models.gan import (GENERATOR_SIDES, ConditionalGenerator, Critic, Discriminator,
-                                   Generator, generator_fits)
+from fedgo_flwr.models.gan import (ConditionalGenerator, Critic, Discriminator, Generator,
+                                   image_sides)
 
 CLASSIFIERS: dict[str, Callable[..., nn.Module]] = {
     "cnn": CNN,
@@ -96,6 +96,6 @@ def require_feature_space(model: nn.Module, strategy: str, name: str) -> None:
 
 
 __all__ = ["CLASSIFIERS", "CNN", "ConditionalGenerator", "Critic", "Discriminator",
-           "FeatureGenerator", "Generator", "GENERATOR_SIDES", "ResNet18", "ResNet50", "VGG11BN",
-           "classifier_fits", "create_classifier", "generator_fits", "model_name_problem",
+           "FeatureGenerator", "Generator", "ResNet18", "ResNet50", "VGG11BN",
+           "classifier_fits", "create_classifier", "image_sides", "model_name_problem",
            "require_feature_space"]

@@ -1,60 +1,68 @@
-"""Generator G and WGAN-GP critic (Gulrajani et al.), and the clients' discriminator D_k."""
+"""Generator G and WGAN-GP critic (Gulrajani et al.), and the clients' discriminator D_k, for
+images of any height, width and channel count.
+
+Your own modules can stand in for them (FedGO's `generator` and `discriminator_fn`, the
+client's `register(generator_fn=..., discriminator_fn=...)`) under these protocols:
+
+- a generator is an nn.Module with an int attribute `latent_dim`; called on z [n, latent_dim]
+  (standard normal) it returns images [n, C, H, W] of U's shape with values in [-1, 1];
+- a discriminator is an nn.Module with `logit(x)` -> one score a image [n] for images x
+  [n, C, H, W] in [-1, 1]; D(x) = sigmoid(sigmoid(logit)) as the library's (see
+  `Discriminator`), or with calibration the Platt-scaled logit.
+"""
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import nn
 
-from fedgo_flwr.keys import ConfigError
 
-
-# The image sides the generator makes (and so FedGO's pre-FL stage and DaFKD support).
-GENERATOR_SIDES = (28, 32, 64)
-
-
-def generator_fits(side: int, dataset: str) -> None:
-    """Fail at once, naming both sides, when G cannot make the dataset's images."""
-    if side not in GENERATOR_SIDES:
-        raise ConfigError(f"dataset {dataset!r} has {side}x{side} images and the generator "
-                          f"makes {', '.join(map(str, GENERATOR_SIDES))}-pixel ones: set "
-                          "run-config key 'image-size' to one of these")
+def image_sides(image_size: int | tuple[int, int]) -> tuple[int, int]:
+    """(H, W) of a side or a (height, width) pair."""
+    h, w = (image_size, image_size) if isinstance(image_size, int) else image_size
+    if not (isinstance(h, int) and isinstance(w, int) and h >= 1 and w >= 1):
+        raise ValueError(f"image_size is {image_size!r}; allowed: a side >= 1 or (height, width)")
+    return h, w
 
 
 class Generator(nn.Module):
-    """DCGAN-style WGAN-GP generator: z -> 4x4 -> 8x8 -> 16x16 -> 32x32, tanh to [-1, 1].
+    """DCGAN-style WGAN-GP generator: z -> a 4x4 map, doubled by transposed convolutions until
+    it covers the image, tanh to [-1, 1].
 
-    For 28x28 images the 8x8 map is cropped to 7x7, as in the official WGAN-GP MNIST model;
-    for 64x64 one more doubling block (`block0`, from 8 * dim channels) comes first.
+    After each doubling the map is cropped to the size the remaining doublings take to the
+    image (ceil(H / 2^r) x ceil(W / 2^r)): for 28x28 images the 8x8 map becomes 7x7, as in
+    the official WGAN-GP MNIST model; 32x32 takes three doublings from 4 * dim channels,
+    64x64 four from 8 * dim. Channels halve at each doubling down to `dim` (at most 8 * dim).
     """
 
-    def __init__(self, latent_dim: int = 128, channels: int = 1, image_size: int = 28,
-                 dim: int = 64):
+    def __init__(self, latent_dim: int = 128, channels: int = 1,
+                 image_size: int | tuple[int, int] = 28, dim: int = 64):
         super().__init__()
-        if image_size not in GENERATOR_SIDES:
-            raise ValueError(f"the generator makes {', '.join(map(str, GENERATOR_SIDES))}-pixel "
-                             f"images, not {image_size}: set run-config key 'image-size'")
-        self.latent_dim, self.image_size = latent_dim, image_size
-        first = 8 * dim if image_size == 64 else 4 * dim
-        self.fc = nn.Sequential(nn.Linear(latent_dim, 4 * 4 * first),
-                                nn.BatchNorm1d(4 * 4 * first), nn.ReLU(True))
-        if image_size == 64:
-            self.block0 = nn.Sequential(nn.ConvTranspose2d(8 * dim, 4 * dim, 4, 2, 1),
-                                        nn.BatchNorm2d(4 * dim), nn.ReLU(True))
-        self.block1 = nn.Sequential(nn.ConvTranspose2d(4 * dim, 2 * dim, 4, 2, 1),
-                                    nn.BatchNorm2d(2 * dim), nn.ReLU(True))
-        self.block2 = nn.Sequential(nn.ConvTranspose2d(2 * dim, dim, 4, 2, 1),
-                                    nn.BatchNorm2d(dim), nn.ReLU(True))
+        h, w = image_sides(image_size)
+        self.latent_dim, self.dim, self.channels = latent_dim, dim, channels
+        self.image_size = image_size if isinstance(image_size, int) else (h, w)
+        self.sides = (h, w)
+        self.doublings = max(1, math.ceil(math.log2(max(h, w) / 4)))
+        width = [dim * 2 ** min(self.doublings - 1 - i, 3) for i in range(self.doublings)]
+        self.first = width[0]
+        self.fc = nn.Sequential(nn.Linear(latent_dim, 4 * 4 * self.first),
+                                nn.BatchNorm1d(4 * 4 * self.first), nn.ReLU(True))
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.ConvTranspose2d(c_in, c_out, 4, 2, 1), nn.BatchNorm2d(c_out),
+                          nn.ReLU(True)) for c_in, c_out in zip(width, width[1:]))
         self.out = nn.ConvTranspose2d(dim, channels, 4, 2, 1)
-        self.dim, self.first = dim, first
+
+    def crop(self, x: torch.Tensor, remaining: int) -> torch.Tensor:
+        h, w = (-(-side // 2 ** remaining) for side in self.sides)
+        return x[:, :, :h, :w]
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
-        x = self.fc(z).view(-1, self.first, 4, 4)
-        if self.image_size == 64:
-            x = self.block0(x)
-        x = self.block1(x)
-        if self.image_size == 28:
-            x = x[:, :, :7, :7]
-        return torch.tanh(self.out(self.block2(x)))
+        x = self.crop(self.fc(z).view(-1, self.first, 4, 4), self.doublings)
+        for i, block in enumerate(self.blocks, start=1):
+            x = self.crop(block(x), self.doublings - i)
+        return torch.tanh(self.crop(self.out(x), 0))
 
     def sample(self, n: int, generator: torch.Generator | None = None) -> torch.Tensor:
         device = next(self.parameters()).device
@@ -67,7 +75,7 @@ class ConditionalGenerator(nn.Module):
     noise and the label's one-hot vector side by side."""
 
     def __init__(self, noise_dim: int, num_classes: int, channels: int = 1,
-                 image_size: int = 28, dim: int = 64):
+                 image_size: int | tuple[int, int] = 28, dim: int = 64):
         super().__init__()
         self.noise_dim, self.num_classes = noise_dim, num_classes
         self.net = Generator(noise_dim + num_classes, channels, image_size, dim)
@@ -80,15 +88,16 @@ class ConditionalGenerator(nn.Module):
 class Critic(nn.Module):
     """WGAN-GP critic: strided convolutions, no normalisation (the gradient penalty needs none)."""
 
-    def __init__(self, channels: int = 1, image_size: int = 28, dim: int = 64):
+    def __init__(self, channels: int = 1, image_size: int | tuple[int, int] = 28, dim: int = 64):
         super().__init__()
+        h, w = image_sides(image_size)
         self.net = nn.Sequential(
             nn.Conv2d(channels, dim, 5, 2, 2), nn.LeakyReLU(0.2, True),
             nn.Conv2d(dim, 2 * dim, 5, 2, 2), nn.LeakyReLU(0.2, True),
             nn.Conv2d(2 * dim, 4 * dim, 5, 2, 2), nn.LeakyReLU(0.2, True),
         )
-        side = -(-(-(-image_size // 2) // 2) // 2)  # three ceil-halvings
-        self.fc = nn.Linear(4 * dim * side * side, 1)
+        h, w = (-(-(-(-side // 2) // 2) // 2) for side in (h, w))  # three ceil-halvings
+        self.fc = nn.Linear(4 * dim * h * w, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc(self.net(x).flatten(1)).squeeze(1)
@@ -102,9 +111,14 @@ class Discriminator(nn.Module):
     weights through an overconfident discriminator.
     """
 
-    def __init__(self, channels: int = 1, image_size: int = 28, dim: int = 64):
+    def __init__(self, channels: int = 1, image_size: int | tuple[int, int] = 28, dim: int = 64):
         super().__init__()
-        side = image_size // 8  # each (4, 2, 1) convolution floor-halves the map
+        h, w = image_sides(image_size)
+        if min(h, w) < 8:
+            raise ValueError(f"the library's Discriminator takes images of at least 8x8 pixels, "
+                             f"not {h}x{w}: pad or resize them, or give a discriminator of "
+                             "your own (discriminator_fn)")
+        side = (h // 8, w // 8)  # each (4, 2, 1) convolution floor-halves the map
         self.net = nn.Sequential(
             nn.Conv2d(channels, dim, 4, 2, 1, bias=False), nn.LeakyReLU(0.2, True),
             nn.Conv2d(dim, 2 * dim, 4, 2, 1, bias=False), nn.BatchNorm2d(2 * dim),

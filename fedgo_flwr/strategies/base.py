@@ -26,10 +26,17 @@ from flwr.serverapp.strategy.strategy_utils import sample_nodes
 from torch import nn
 
 from fedgo_flwr.aggregation import mean_of_replies
+from fedgo_flwr.checks import check_keywords
 from fedgo_flwr.replies import examples_problem, payload_bytes, state_problem
 from fedgo_flwr.sampling import ClientKeys, sample_clients
 from fedgo_flwr.seeds import client_seed, round_seed
-from fedgo_flwr.train import resolve_device
+from fedgo_flwr.train import OPTIMIZERS, resolve_device
+
+# what the library's client loop must be told (`client_training`), and what else it reads,
+# with its defaults
+CLIENT_TRAINING = ("lr", "local-epochs", "optimizer")
+OPTIONAL_TRAINING = ("batch-size (64)", "momentum (0.9)", "flip (false)", "random-crop (0)",
+                     "train-loss-key ('train-loss')")
 
 
 @dataclass
@@ -70,6 +77,13 @@ def message_seed(message: Message) -> int:
     """This client's seed: the config's "seed" (0 without) made distinct by its node id."""
     conf = message.content.config_records["config"]
     return client_seed(int(conf.get("seed", 0)), message.metadata.dst_node_id % 100_000)
+
+
+def loss_named(result: dict, message: Message) -> dict:
+    """The training's metrics with its loss under the config's "train-loss-key" (the name the
+    user's own train handler reports it by)."""
+    name = str(message.content.config_records["config"].get("train-loss-key", "train-loss"))
+    return {(name if k == "train-loss" else k): v for k, v in result.items()}
 
 
 @dataclass
@@ -121,11 +135,18 @@ class ServerUpdateFedAvg(FedAvg):
         strategy's server.
     observers : Iterable[Callable[[RoundReport], None]] (default: ())
         Called with each round's `RoundReport` once the round is aggregated.
+    max_failed_rounds : int | None (default: 3)
+        A round whose replies are all unusable logs the first client's error; after this
+        many such rounds in a row `start` raises with it (a run that cannot learn should not
+        end with empty metrics). None never raises.
     **kwargs
         Every keyword Flower's `FedAvg` takes (fraction_train, min_available_nodes, ...).
     """
 
     reported: tuple[str, ...] = ()  # reply metrics kept out of Flower's averaging
+    # train-config keys the method's own client step reads in place of the user's train
+    # handler (DaFKD, FedGen, FedBPG): `start` refuses a train_config without them
+    client_training: tuple[str, ...] = ()
 
     def __init__(self, *, model_fn: Callable[[], nn.Module], seed: int = 0,
                  device: str | torch.device | None = None,
@@ -134,10 +155,14 @@ class ServerUpdateFedAvg(FedAvg):
                  num_examples_fn: Callable[[object, int], int] | None = None,
                  proximal_mu: float = 0.0,
                  observers: Iterable[Callable[[RoundReport], None]] = (),
-                 **kwargs) -> None:
+                 max_failed_rounds: int | None = 3, **kwargs) -> None:
+        check_keywords(self, ServerUpdateFedAvg, kwargs, FedAvg)
         super().__init__(**kwargs)
         if not (isinstance(proximal_mu, (int, float)) and proximal_mu >= 0):
             raise ValueError(f"proximal_mu is {proximal_mu!r}; allowed: a number >= 0")
+        if max_failed_rounds is not None and max_failed_rounds < 1:
+            raise ValueError(f"max_failed_rounds is {max_failed_rounds!r}; allowed: >= 1 or None")
+        self.max_failed_rounds, self.failed_rounds = max_failed_rounds, 0
         self.model_fn, self.seed = model_fn, seed
         self.device = resolve_device(str(device)) if device is not None else resolve_device()
         self.aggregate_fn = aggregate_fn or mean_of_replies
@@ -163,11 +188,28 @@ class ServerUpdateFedAvg(FedAvg):
         """Flower's `Strategy.start`, after the method's pre-FL stage (`pre_fl`)."""
         if problem := state_problem(initial_arrays, self.template):
             raise ValueError(f"initial_arrays do not fit model_fn's model: {problem}")
+        self.check_training(train_config or ConfigRecord())
         self.num_rounds = num_rounds
         self.pre_fl(grid, timeout)
         return super().start(grid=grid, initial_arrays=initial_arrays, num_rounds=num_rounds,
                              timeout=timeout, train_config=train_config,
                              evaluate_config=evaluate_config, evaluate_fn=evaluate_fn)
+
+    def check_training(self, train_config: ConfigRecord) -> None:
+        """Where the method's client step replaces the user's train handler, it trains as the
+        user's does only if train_config says how: refuse one that does not."""
+        missing = [k for k in self.client_training if k not in train_config]
+        if missing:
+            raise ValueError(
+                f"{type(self).__name__}'s clients train with the library's loop in place of "
+                f"your train handler, reading {', '.join(self.client_training)} from "
+                f"train_config (and, where given, {', '.join(OPTIONAL_TRAINING)}); it lacks "
+                f"{', '.join(missing)}: pass what your own training uses, e.g. start(..., "
+                "train_config=ConfigRecord({'lr': 0.05, 'local-epochs': 1, 'optimizer': "
+                "'sgd'}))")
+        if "optimizer" in self.client_training and train_config["optimizer"] not in OPTIMIZERS:
+            raise ValueError(f"train_config's optimizer is {train_config['optimizer']!r}; "
+                             f"allowed: {', '.join(OPTIMIZERS)}")
 
     def pre_fl(self, grid: Grid, timeout: float) -> None:
         """What runs before round 1 (FedGO: generator out, discriminators back)."""
@@ -252,6 +294,7 @@ class ServerUpdateFedAvg(FedAvg):
         replies = list(replies)
         models = self.client_models(server_round, replies)
         log(INFO, "aggregate_train: %d usable client model(s)", len(models))
+        self.count_failure(server_round, replies, models)
         report = RoundReport(server_round, dict(self.sampled), models, self.left_out, None,
                              None, {}, bytes={"up": payload_bytes(replies)})
         if models:
@@ -266,6 +309,23 @@ class ServerUpdateFedAvg(FedAvg):
         for observe in self.observers:
             observe(report)
         return (report.arrays, metrics) if models else (None, None)
+
+    def count_failure(self, server_round: int, replies: list[Message],
+                      models: list[ClientModel]) -> None:
+        """Rounds in a row whose replies were all unusable: the first reason logged, and
+        raised after `max_failed_rounds` of them."""
+        if models:
+            self.failed_rounds = 0
+        if models or not replies:  # a round that reached no client says nothing of them
+            return
+        self.failed_rounds += 1
+        first = next(iter(self.left_out.values()))
+        log(WARNING, "round %d: none of the %d replies is usable (%d such round(s) in a "
+            "row); the first: %s", server_round, len(replies), self.failed_rounds, first)
+        if self.max_failed_rounds and self.failed_rounds >= self.max_failed_rounds:
+            raise RuntimeError(f"{self.failed_rounds} rounds in a row without a usable client "
+                               f"reply (max_failed_rounds); the first of round {server_round}: "
+                               f"{first}")
 
     def server_update(self, server_round: int, averaged: ArrayRecord,
                       models: list[ClientModel], report: RoundReport

@@ -21,11 +21,13 @@ from torch import nn
 
 from fedgo_flwr.aggregation import mean_of_replies
 from fedgo_flwr.batches import augment, to_unit_range
+from fedgo_flwr.checks import check_model
 from fedgo_flwr.gan import draw_images
 from fedgo_flwr.inputs import labelled
 from fedgo_flwr.models import Generator
 from fedgo_flwr.seeds import round_seed
-from fedgo_flwr.strategies.base import ClientModel, message_seed, retyped
+from fedgo_flwr.strategies.base import (CLIENT_TRAINING, ClientModel, loss_named, message_seed,
+                                        retyped)
 from fedgo_flwr.strategies.ensemble import EnsembleDistillation
 from fedgo_flwr.teachers import server_autocast
 from fedgo_flwr.train import apply_in_batches, classifier_optimizer, minibatch_descent
@@ -128,8 +130,7 @@ class DaFKD(EnsembleDistillation):
         `distill_size`, so that DaFKD takes the arguments the other strategies take and
         distils on as many images as they do.
     image_shape : tuple[int, int, int] | None (default: None)
-        (C, H, W) of the clients' images, when `unlabeled_data` is not given; G makes 28,
-        32 or 64-pixel images.
+        (C, H, W) of the clients' images (any size), when `unlabeled_data` is not given.
     distill_size : int | None (default: None)
         Images drawn from G for each round's distillation: |U|, or 3000 without U.
     gan_rounds : int (default: 5)
@@ -140,6 +141,8 @@ class DaFKD(EnsembleDistillation):
     confidence_threshold, seed, device, **kwargs
         As in `EnsembleDistillation`, and Flower's `FedAvg` keywords.
     """
+
+    client_training = CLIENT_TRAINING
 
     def __init__(self, *, model_fn, unlabeled_data=None,
                  image_shape: tuple[int, int, int] | None = None,
@@ -152,10 +155,13 @@ class DaFKD(EnsembleDistillation):
         if image_shape is None:
             raise ValueError("DaFKD needs image_shape (C, H, W), or unlabeled_data to take it "
                              "from")
-        c, h, _ = image_shape
+        c, h, w = image_shape
+        if self.u is None:  # what the generator will make, through the user's model
+            check_model(model_fn, torch.zeros(2, c, h, w),
+                        f"images of image_shape {tuple(image_shape)}")
         with torch.random.fork_rng():  # G, then the model, then the head: from the seed alone
             torch.manual_seed(self.seed)
-            self.generator = Generator(latent_dim, c, h, generator_width)
+            self.generator = Generator(latent_dim, c, (h, w), generator_width)
             model = model_fn()
             if why := feature_space_problem(model):
                 raise TypeError(f"DaFKD works on the model's latent layer: {why}")
@@ -231,15 +237,16 @@ def domain_aware_update(message: Message, model: nn.Module, data, *,
     trained on `data` (labelled: (images, labels), a Dataset or a DataLoader) against the
     received G, and G against D_k in the generator rounds. Reads from the message's config,
     where given: "local-epochs" (1), "lr" (1e-3), "batch-size" (64), "optimizer" ("adam"),
-    "momentum" (0.9), "flip" (true), "random-crop" (0) and "seed" (0; `seed` overrides it with
-    the node's own). The reply holds ArrayRecords "arrays", "discriminator-head" (and
-    "generator" when it trained G) and MetricRecord "metrics" (num-examples, train-loss, ...)."""
+    "momentum" (0.9), "flip" (false), "random-crop" (0) and "seed" (0; `seed` overrides it
+    with the node's own). The reply holds ArrayRecords "arrays", "discriminator-head" (and
+    "generator" when it trained G) and MetricRecord "metrics" (num-examples, the loss under
+    the config's "train-loss-key" ("train-loss"), ...)."""
     conf, records = message.content.config_records["config"], message.content.array_records
     x, y = labelled(data)
     model.load_state_dict(records["arrays"].to_torch_state_dict())
     head = discriminator_head(model.latent_dim)
     head.load_state_dict(records[HEAD].to_torch_state_dict())
-    generator = Generator(int(conf["latent-dim"]), x.shape[1], x.shape[2],
+    generator = Generator(int(conf["latent-dim"]), x.shape[1], tuple(x.shape[2:]),
                           int(conf["generator-width"]))
     generator.load_state_dict(records[GENERATOR].to_torch_state_dict())
     trains_g = bool(conf["train-generator"])
@@ -249,7 +256,7 @@ def domain_aware_update(message: Message, model: nn.Module, data, *,
         model, head, generator, x, y, epochs=int(conf.get("local-epochs", 1)),
         batch_size=int(conf.get("batch-size", 64)), lr=float(conf.get("lr", 1e-3)),
         gan_lr=float(conf["gan-lr"]), train_generator=trains_g,
-        flip=bool(conf.get("flip", True)), crop=int(conf.get("random-crop", 0)),
+        flip=bool(conf.get("flip", False)), crop=int(conf.get("random-crop", 0)),
         optimizer=str(conf.get("optimizer", "adam")),
         momentum=float(conf.get("momentum", 0.9)), seed=seed, device=torch.device(device))
     arrays = {"arrays": ArrayRecord(model.cpu().state_dict()),
@@ -257,4 +264,4 @@ def domain_aware_update(message: Message, model: nn.Module, data, *,
     if trains_g:
         arrays[GENERATOR] = ArrayRecord(generator.cpu().state_dict())
     return Message(RecordDict({**arrays, "metrics": MetricRecord(
-        {"num-examples": len(y), **result})}), reply_to=message)
+        {"num-examples": len(y), **loss_named(result, message)})}), reply_to=message)

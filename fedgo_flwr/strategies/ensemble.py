@@ -21,11 +21,13 @@ from flwr.app import ArrayRecord
 from flwr.common.logger import log
 from torch import nn
 
+from fedgo_flwr.checks import check_images, check_model
 from fedgo_flwr.distill import (DISTILL_BUDGETS, ENSEMBLE_SPACES, VIEW_DRAWS,
                                 budgeted_pseudo_labels, confident_batches, cosine_lr,
                                 disagreement, distill, draw_batches, view_pseudo_labels)
 from fedgo_flwr.guard import AVERAGED, DISTILLED, Guard, judge
 from fedgo_flwr.inputs import images_of
+from fedgo_flwr.progress import Progress
 from fedgo_flwr.seeds import round_seed
 from fedgo_flwr.strategies.base import ClientModel, RoundReport, ServerUpdateFedAvg
 from fedgo_flwr.teachers import PastTeachers, teacher_logits
@@ -62,8 +64,11 @@ class EnsembleDistillation(ServerUpdateFedAvg):
     ensemble_space : str (default: "logits")
         Where the weights mix the clients: "logits" (Algorithm 2) or "probabilities"
         (Theorem 3.4).
-    flip_views : bool (default: True)
-        U is seen as is and mirrored (each pass takes a random view of each image).
+    flip_views : bool (default: False)
+        True: U is seen as is and mirrored (each pass takes a random view of each image), and
+        FedGO's generator and discriminators learn on randomly mirrored images (the paper's
+        augmentation, App. E.2). Off by default: a mirrored digit, letter or scan may mean
+        something else; turn it on for images whose meaning survives a mirror.
     view_draw : str (default: "per-pass")
         "per-pass" draws each image's view anew in every pass; "per-round" draws it once a
         round, so the teachers label |U| images instead of up to 2|U| (fedgo_flwr.distill).
@@ -110,7 +115,7 @@ class EnsembleDistillation(ServerUpdateFedAvg):
                  distill_lr: float = 1e-3, distill_optimizer: str = "adam",
                  distill_momentum: float = 0.9, distill_schedule: str = "cosine",
                  schedule_rounds: int | None = None,
-                 ensemble_space: str = "logits", flip_views: bool = True,
+                 ensemble_space: str = "logits", flip_views: bool = False,
                  view_draw: str = "per-pass", teacher_floor: bool = False,
                  confidence_threshold: float = 0.0, distill_budget: str = "full",
                  budget_probe: int = 0, past_teachers: int = 0, averaged_share: float = 0.0,
@@ -143,6 +148,9 @@ class EnsembleDistillation(ServerUpdateFedAvg):
                              f"are needed; got {distill_epochs}, {distill_batch_size}, "
                              f"{distill_lr}")
         self.u = None if unlabeled_data is None else images_of(unlabeled_data)
+        if self.u is not None:
+            check_images(self.u)
+            check_model(model_fn, self.u)
         self.weighting = weighting
         self.distill_epochs, self.distill_batch_size = distill_epochs, distill_batch_size
         self.distill_lr, self.distill_optimizer = distill_lr, distill_optimizer
@@ -272,7 +280,9 @@ class EnsembleDistillation(ServerUpdateFedAvg):
         """One optimiser step per batch on KL(y~ || student); returns distill_loss,
         distill_steps, distill_lr and seconds."""
         lr = self.server_lr(server_round)
-        info = distill(student, u, targets, batches=batches, lr=lr, device=self.device,
+        bar = Progress(f"round {server_round}: distillation", len(batches), estimate_after=60)
+        info = distill(student, u, targets, batches=bar.over(batches), lr=lr,
+                       device=self.device,
                        amp=self.device.type == "cuda", optimizer=self.distill_optimizer,
                        momentum=self.distill_momentum)
         return {"distill_steps": len(batches), **info, "distill_lr": lr}

@@ -42,11 +42,12 @@ from torch import nn
 from fedgo_flwr.bpg import generator_step, tune_global
 from fedgo_flwr.fusion import fuse, learn_fusion
 from fedgo_flwr.inputs import labelled
-from fedgo_flwr.models import GENERATOR_SIDES, ConditionalGenerator
+from fedgo_flwr.checks import check_model
+from fedgo_flwr.models import ConditionalGenerator
 from fedgo_flwr.seeds import round_seed
 from fedgo_flwr.strategies.base import message_seed, retyped
 from fedgo_flwr.strategies.label_counts import (LABEL_COUNTS, TRAINING, LabelCountFedAvg,
-                                                label_prior, num_classes_of, train_as_configured,
+                                                label_prior, train_as_configured,
                                                 trained_reply)
 from fedgo_flwr.train import evaluate
 from fedgo_flwr.weighting import label_shares
@@ -82,8 +83,8 @@ class FedBPG(LabelCountFedAvg):
     model_fn : Callable[[], nn.Module]
         Builds the global model omega-bar (and each client's omega_k).
     image_shape : tuple[int, int, int]
-        (C, H, W) of the clients' images; with ED, G(z, y) makes square 28, 32 or 64-pixel
-        images in [-1, 1].
+        (C, H, W) of the clients' images, any size; with ED, G(z, y) makes such images in
+        [-1, 1].
     num_classes : int | None (default: None)
         C; None reads it off the model's output.
     ensemble_distillation, adaptive_fusion, deep_personalisation : bool (default: True)
@@ -129,21 +130,22 @@ class FedBPG(LabelCountFedAvg):
                  zeta: float = 1.0, retain_max: int = 1024, fusion_steps: int = 20,
                  fusion_lr: float = 0.1, dp_epochs: int = 1, **kwargs) -> None:
         c, h, w = image_shape
-        if ensemble_distillation and (h != w or h not in GENERATOR_SIDES):
-            raise ValueError(f"image_shape is {tuple(image_shape)}; FedBPG's G(z, y) makes "
-                             f"square images of {', '.join(map(str, GENERATOR_SIDES))} pixels "
-                             "(or set ensemble_distillation=False)")
         if min(generator_steps, tune_steps, retain_max, fusion_steps) < 0 or min(
                 batch_size, dp_epochs) < 1:
             raise ValueError("the step counts and retain_max must be >= 0, batch_size and "
                              "dp_epochs >= 1")
-        num_classes = num_classes or num_classes_of(model_fn(), torch.zeros(2, c, h, w))
+        classes = check_model(model_fn, torch.zeros(2, c, h, w),
+                              f"images of image_shape {tuple(image_shape)}")
+        if num_classes not in (None, classes):
+            raise ValueError(f"num_classes is {num_classes}, and model_fn's model gives "
+                             f"{classes} logits")
+        num_classes = classes
         super().__init__(model_fn=model_fn, num_classes=num_classes, **kwargs)
         self.generator = None
         if ensemble_distillation:
             with torch.random.fork_rng():
                 torch.manual_seed(self.seed)
-                self.generator = ConditionalGenerator(noise_dim, num_classes, c, h,
+                self.generator = ConditionalGenerator(noise_dim, num_classes, c, (h, w),
                                                       generator_width).to(self.device)
             # On its device before Adam exists, so that Adam's state lives there too.
             self.optimizer = torch.optim.Adam(self.generator.parameters(), lr=generator_lr,

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
+from functools import partial
 from logging import INFO, WARNING
 
 import torch
@@ -20,12 +22,14 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy.strategy_utils import sample_nodes
+from torch import nn
 
-from fedgo_flwr.gan import (NEGATIVES, SERVER_SAMPLE, calibrate_discriminator, hold_out,
-                            log_odds, received_negatives, server_sample, train_discriminator,
-                            train_wgan_gp)
+from fedgo_flwr.checks import check_discriminator, check_generator, check_unit_range
+from fedgo_flwr.gan import (LIBRARY, NEGATIVES, OWN, SERVER_SAMPLE, calibrate_discriminator,
+                            hold_out, log_odds, received_discriminator, received_negatives,
+                            server_sample, train_discriminator, wgan_generator)
 from fedgo_flwr.inputs import images_of
-from fedgo_flwr.models import Critic, Discriminator, Generator
+from fedgo_flwr.models import Discriminator, Generator
 from fedgo_flwr.defences import screen_odds
 from fedgo_flwr.replies import examples_problem, payload_bytes, state_problem
 from fedgo_flwr.strategies.base import ClientModel, RoundReport, message_seed
@@ -48,8 +52,11 @@ class FedGO(EnsembleDistillation):
         The rule w_k(u): "odds" (the paper's eq. 9) or another of fedgo_flwr.weighting's
         rules that needs no label counts, or a function of your own.
     generator : nn.Module | None (default: None)
-        G: a trained `fedgo_flwr.models.Generator` (an off-the-shelf or data-free one), or
-        None to train one on U with WGAN-GP before round 1 (the paper's G1).
+        G: a trained generator (the library's `fedgo_flwr.models.Generator`, an off-the-shelf
+        or data-free one, or a module of your own under the protocol of
+        fedgo_flwr.models.gan: `latent_dim`, z -> images of U's shape in [-1, 1]; clients then
+        build it with the `generator_fn` given to `register`), or None to train the library's
+        on U with WGAN-GP before round 1 (the paper's G1), for any image size.
     generator_steps : int (default: 100000)
         WGAN-GP generator steps when G is trained here (App. E.2: 1e5).
     latent_dim, generator_width : int (default: 128, 64)
@@ -60,6 +67,10 @@ class FedGO(EnsembleDistillation):
         Each client's passes over its data in Algorithm 3.
     discriminator_lr : float (default: 2e-4)
     discriminator_width : int (default: 64)
+    discriminator_fn : Callable[[], nn.Module] | None (default: None)
+        D_k's architecture: None is the library's `Discriminator` (images of 8x8 pixels or
+        more); a function of your own builds a module with `logit(x)` -> [n] (the protocol of
+        fedgo_flwr.models.gan), and the clients' `register` gets the same function.
     calibration_fraction : float (default: 0.0)
         Above 0 (not in the paper): each client holds out this share of its data, fits
         Platt's calibration of D_k on it and the odds are a * logit + b, uncapped.
@@ -84,6 +95,7 @@ class FedGO(EnsembleDistillation):
                  generator_width: int = 64, critic_steps: int = 5, gp_weight: float = 10.0,
                  gan_lr: float = 2e-4, gan_batch_size: int = 64, discriminator_epochs: int = 30,
                  discriminator_lr: float = 2e-4, discriminator_width: int = 64,
+                 discriminator_fn: Callable[[], nn.Module] | None = None,
                  calibration_fraction: float = 0.0, discriminator_negatives: str = "generator",
                  server_sample_size: int = 1000, odds_screen: float | None = None,
                  **kwargs) -> None:
@@ -94,9 +106,10 @@ class FedGO(EnsembleDistillation):
             weighting = WEIGHTINGS[weighting]
         super().__init__(unlabeled_data=unlabeled_data, model_fn=model_fn,
                          weighting=weighting, **kwargs)
-        if generator is not None and not isinstance(generator, Generator):
-            raise TypeError("generator must be a fedgo_flwr.models.Generator (clients rebuild "
-                            f"it from its weights), not {type(generator).__name__}")
+        if generator is not None:
+            check_generator(generator, self.u)
+        elif discriminator_negatives == "generator":
+            check_unit_range(self.u, "the generator FedGO trains on it")
         if not 0.0 <= calibration_fraction < 1.0:
             raise ValueError(f"calibration_fraction is {calibration_fraction}; allowed: [0, 1)")
         if discriminator_negatives not in NEGATIVES:
@@ -113,9 +126,13 @@ class FedGO(EnsembleDistillation):
             "discriminator-epochs": discriminator_epochs, "discriminator-lr": discriminator_lr,
             "discriminator-width": discriminator_width, "batch-size": gan_batch_size,
             "flip": self.views == 2, "seed": self.seed,
-            "calibration-fraction": calibration_fraction})
-        c, h = self.u.shape[1], self.u.shape[2]
-        self.discriminator_template = Discriminator(c, h, discriminator_width).state_dict()
+            "calibration-fraction": calibration_fraction,
+            "discriminator": LIBRARY if discriminator_fn is None else OWN})
+        self.discriminator_fn = discriminator_fn or partial(
+            Discriminator, self.u.shape[1], tuple(self.u.shape[2:]), discriminator_width)
+        discriminator = self.discriminator_fn()
+        check_discriminator(discriminator, self.u)
+        self.discriminator_template = discriminator.state_dict()
         self.log_odds: dict = {}  # client key -> log Phi_k on U, [V, |U|]
         self.discriminators: dict = {}  # client key -> (D_k, its calibration or None)
         self.round_odds: tuple[torch.Tensor | None, dict] = (None, {})
@@ -170,32 +187,22 @@ class FedGO(EnsembleDistillation):
 
     def train_generator(self) -> Generator:
         """G1: WGAN-GP on U, seeded."""
-        g, (c, h) = self.gan, (self.u.shape[1], self.u.shape[2])
-        torch.manual_seed(self.seed)
-        generator = Generator(g["latent_dim"], c, h, g["width"])
-        every = max(1, g["steps"] // 10)
-
-        def progress(step: int, w_dist: float, _: float) -> None:
-            if step % every == 0:
-                log(INFO, "pre-FL: generator step %d/%d | Wasserstein estimate %.3f", step,
-                    g["steps"], w_dist)
-
-        info = train_wgan_gp(
-            generator, Critic(c, h, g["width"]), self.u, steps=g["steps"],
-            critic_steps=g["critic_steps"], gp_weight=g["gp_weight"], lr=g["lr"],
-            batch_size=g["batch_size"], flip=self.views == 2, seed=self.seed,
-            device=self.device, progress=progress)
-        log(INFO, "pre-FL: generator trained in %.1fs", info["seconds"])
-        return generator.cpu().eval()
+        g = self.gan
+        return wgan_generator(self.u, g["steps"], latent_dim=g["latent_dim"], width=g["width"],
+                              critic_steps=g["critic_steps"], gp_weight=g["gp_weight"],
+                              lr=g["lr"], batch_size=g["batch_size"], flip=self.views == 2,
+                              seed=self.seed, device=self.device)
 
     def negatives_record(self) -> tuple[str, ArrayRecord, ConfigRecord]:
         """What the clients' D_k learn against, and the stage's config."""
         if self.negatives == "server-sample":
             images = server_sample(self.u, self.server_sample_size, self.seed)
             return SERVER_SAMPLE, ArrayRecord({"images": images}), self.discriminator_config
-        return "generator", ArrayRecord(self.generator.state_dict()), ConfigRecord({
-            **self.discriminator_config, "latent-dim": self.generator.latent_dim,
-            "generator-width": self.generator.dim})
+        g = self.generator
+        config = {"generator": OWN} if not isinstance(g, Generator) else {
+            "generator": LIBRARY, "latent-dim": g.latent_dim, "generator-width": g.dim}
+        return "generator", ArrayRecord(g.state_dict()), ConfigRecord({
+            **self.discriminator_config, **config})
 
     def send_generator(self, grid: Grid, keys: dict[int, object],
                        report: RoundReport | None = None) -> None:
@@ -238,7 +245,8 @@ class FedGO(EnsembleDistillation):
             report.seconds["odds"] = report.seconds.get("odds", 0.0) + time.perf_counter() - start
             report.details.setdefault("discriminators", {})[key] = dict(
                 reply.content.metric_records["metrics"])
-            log(INFO, "discriminator of client %s in (%d in all)", key, len(self.log_odds))
+            log(INFO, "pre-FL: discriminator of client %s in: %d of %d", key,
+                len(self.log_odds), len(self.asked))
         if late and report.details.get("discriminators"):
             report.details["joined_late"] = sorted(report.details["discriminators"])
             for observe in self.observers:
@@ -259,8 +267,7 @@ class FedGO(EnsembleDistillation):
 
     def odds_on_u(self, key, reply: Message) -> torch.Tensor:
         """log Phi_k on every view of U, [V, |U|] (D_k kept for other distillation sets)."""
-        c, h = self.u.shape[1], self.u.shape[2]
-        d = Discriminator(c, h, int(self.discriminator_config["discriminator-width"]))
+        d = self.discriminator_fn()
         d.load_state_dict(reply.content.array_records["discriminator"].to_torch_state_dict())
         metrics = reply.content.metric_records["metrics"]
         calibration = ((float(metrics["odds-scale"]), float(metrics["odds-shift"]))
@@ -268,7 +275,7 @@ class FedGO(EnsembleDistillation):
         self.discriminators[key] = (d.eval(), calibration)
         return self.odds_on(d, calibration, self.u)
 
-    def odds_on(self, d: Discriminator, calibration, x: torch.Tensor) -> torch.Tensor:
+    def odds_on(self, d: nn.Module, calibration, x: torch.Tensor) -> torch.Tensor:
         return torch.stack([log_odds(d, x, device=self.device, flip=v == 1,
                                      calibration=calibration) for v in range(self.views)])
 
@@ -317,22 +324,26 @@ class FedGO(EnsembleDistillation):
 
 # ---------------------------------------------------------------------------- client side
 def discriminator_update(message: Message, data, *, device: str | torch.device = "cpu",
-                         seed: int | None = None) -> Message:
+                         seed: int | None = None,
+                         discriminator_fn: Callable[[], nn.Module] | None = None,
+                         generator_fn: Callable[[], nn.Module] | None = None) -> Message:
     """Algorithm 3 on a client: D_k trained to tell its images (`data`: a tensor, Dataset or
     DataLoader, see fedgo_flwr.inputs) from samples of the received G (or, where the message
     carries ArrayRecord "server-sample" instead, from those images of the server: not in the
     paper). `seed` seeds D_k and its batches (default: the message's seed and this node's id).
-    The reply holds ArrayRecord "discriminator" and MetricRecord "metrics" (num-examples,
+    `discriminator_fn` and `generator_fn` build the server's own D_k and G, where it has
+    its own (FedGO's `discriminator_fn`, its `generator`'s maker). The reply holds ArrayRecord "discriminator" and MetricRecord "metrics" (num-examples,
     discriminator-loss, discriminator-seconds, and with calibration odds-scale and
     odds-shift)."""
     conf, device = message.content.config_records["config"], torch.device(device)
     x = images_of(data)
-    negatives = received_negatives(message, tuple(x.shape[1:]), bool(conf["flip"]), device)
+    negatives = received_negatives(message, tuple(x.shape[1:]), bool(conf["flip"]), device,
+                                   generator_fn)
     if seed is None:
         seed = message_seed(message)
     train, held_out = hold_out(x, float(conf["calibration-fraction"]), seed)
     torch.manual_seed(seed)
-    discriminator = Discriminator(x.shape[1], x.shape[2], int(conf["discriminator-width"]))
+    discriminator = received_discriminator(conf, tuple(x.shape[1:]), discriminator_fn)
     start = time.perf_counter()
     result = train_discriminator(discriminator, negatives, train,
                                  epochs=int(conf["discriminator-epochs"]),

@@ -18,12 +18,13 @@ from flwr.serverapp import Grid
 from torch import nn
 
 from fedgo_flwr.seeds import round_seed
-from fedgo_flwr.strategies.base import ClientModel, ServerUpdateFedAvg, retyped
+from fedgo_flwr.strategies.base import (CLIENT_TRAINING, ClientModel, ServerUpdateFedAvg,
+                                        loss_named, retyped)
 from fedgo_flwr.train import train_classifier
 
 LABEL_COUNTS = "label-counts"  # the reply's metric: c_k, C integers summing to n_k
 # What a client's local training reads from the message's config, and its value where absent.
-TRAINING = {"local-epochs": 1, "batch-size": 64, "lr": 1e-3, "flip": True, "random-crop": 0,
+TRAINING = {"local-epochs": 1, "batch-size": 64, "lr": 1e-3, "flip": False, "random-crop": 0,
             "optimizer": "adam", "momentum": 0.9}
 
 
@@ -75,6 +76,7 @@ class LabelCountFedAvg(ServerUpdateFedAvg):
 
     train_type = "train"
     reported: tuple[str, ...] = (LABEL_COUNTS,)  # kept out of Flower's averaging
+    client_training = CLIENT_TRAINING
 
     def __init__(self, *, model_fn: Callable[[], nn.Module], num_classes: int,
                  **kwargs) -> None:
@@ -129,6 +131,7 @@ def trained_reply(message: Message, model: nn.Module, y: torch.Tensor, result: d
                   num_classes: int) -> Message:
     """The reply to a train message: ArrayRecord "arrays" (the trained model) and MetricRecord
     "metrics" (num-examples, the training's metrics and label-counts)."""
-    metrics = {"num-examples": len(y), **result, LABEL_COUNTS: label_counts(y, num_classes)}
+    metrics = {"num-examples": len(y), **loss_named(result, message),
+               LABEL_COUNTS: label_counts(y, num_classes)}
     return Message(RecordDict({"arrays": ArrayRecord(model.cpu().state_dict()),
                                "metrics": MetricRecord(metrics)}), reply_to=message)

@@ -23,7 +23,7 @@ def train_fn(msg: Message, context: Context) -> Message:
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
     loader = local_data(context)
     config = msg.content["config"]
-    loss = train(model, loader, context.run_config["local-epochs"], config["lr"], device,
+    loss = train(model, loader, config["local-epochs"], config["lr"], device,
                  proximal_mu=config.get("proximal-mu", 0.0))
     metrics = MetricRecord({"train_loss": loss, "num-examples": len(loader.dataset)})
     return Message(RecordDict({"arrays": ArrayRecord(model.state_dict()), "metrics": metrics}),

@@ -24,6 +24,14 @@ def own_settings(run_config, strategy) -> dict:
             if k.startswith(prefix)}
 
 
+def training(cfg) -> dict:
+    """What the train handler (task.train) uses, sent with every train message: DaFKD's
+    client step, which replaces the handler, trains the same way and names its loss as the
+    handler does."""
+    return {"lr": cfg["lr"], "local-epochs": cfg["local-epochs"], "optimizer": "sgd",
+            "momentum": 0.9, "batch-size": 32, "train-loss-key": "train_loss"}
+
+
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     cfg = context.run_config
@@ -41,7 +49,7 @@ def main(grid: Grid, context: Context) -> None:
         return MetricRecord({"accuracy": acc, "loss": loss})
 
     result = strategy.start(grid=grid, initial_arrays=ArrayRecord(Net().state_dict()),
-                            train_config=ConfigRecord({"lr": cfg["lr"]}),
+                            train_config=ConfigRecord(training(cfg)),
                             num_rounds=cfg["num-server-rounds"], evaluate_fn=central_evaluate)
 
     out = Path(cfg["output-dir"] or ".")
