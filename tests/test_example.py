@@ -145,6 +145,8 @@ def test_the_example_runs_the_best_row_from_the_wheel_with_a_real_flwr_run(
     _check_best_row(out)
 
 
+LEARNS = {"lr": 0.05, "local-epochs": 3}  # enough for two rounds on the tiny set to learn
+
 # FedGO as published, and the one line swapped to FedDF or DaFKD, run the example's own
 # ServerApp and ClientApp on the in-process grid (every message through Flower's
 # serialisation): the real runtime's part is the same as the best row's, above.
@@ -168,8 +170,10 @@ def test_the_examples_one_line_swaps_fedgo_for_feddf_or_dafkd(strategy, tmp_path
 
     project = tomllib.loads((app / "pyproject.toml").read_text())
     run_config = {**flatten_dict(project["tool"]["flwr"]["app"]["config"]), **OVERRIDES,
-                  "data-dir": str(data), "output-dir": str(out)}
+                  **LEARNS, "data-dir": str(data), "output-dir": str(out)}
     server_app(InProcessGrid(client_app, run_config, NODES),
                Context(run_id=7, node_id=0, node_config={}, state=RecordDict(),
                        run_config=run_config))
-    _check_result(out, strategy)
+    result = _check_result(out, strategy)
+    # each method, swapped in by the one line, learns: 10 classes, chance is 0.1
+    assert result["evaluate_serverapp"]["2"]["accuracy"] > 0.5, result["evaluate_serverapp"]
