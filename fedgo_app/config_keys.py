@@ -106,6 +106,11 @@ class DataKeys:
                            OneOf(PARTITIONERS), ("data",))
     alpha: float = key(0.1, "Dirichlet concentration of the client split (partitioner = "
                        "dirichlet)", POSITIVE, ("data",))
+    dirichlet_group: int = key(0, "with partitioner = dirichlet: split the clients in groups "
+                               "of this many, each drawing its share of the pool by "
+                               "Dirichlet(alpha), as Lin et al. and FedGO's paper do for 100 "
+                               "clients (10); 0 = one draw over all clients",
+                               NON_NEGATIVE, ("data",))
     classes_per_client: int = key(2, "classes each client holds (partitioner = pathological)",
                                   AT_LEAST_ONE, ("data",))
     shards_per_client: int = key(2, "label-sorted shards each client holds (partitioner = "

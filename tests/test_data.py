@@ -192,3 +192,27 @@ def test_an_unknown_partitioner_names_the_allowed_ones(tiny_config):
     with pytest.raises(ConfigError, match="'partitioner' is 'natural'; allowed: dirichlet, "
                                           "exponential, iid, linear, pathological, shard, square"):
         tiny_config.replace(partitioner="natural").validate()
+
+
+@pytest.mark.parametrize("clients,alpha", [(100, 0.05), (100, 0.1), (500, 0.05)])
+def test_the_papers_many_client_split_is_made_for_the_full_fmnist_pool(clients, alpha):
+    """K = 100 (and 500) over Fashion-MNIST's client pool (3,000 images a class), by Lin et
+    al.'s groups of 10: every image once, every client at least half its group's mean, few
+    classes a client, and the seed alone fixes it; one draw over all K cannot be made."""
+    labels = np.repeat(np.arange(10), 3000)
+    how = Partitioning("dirichlet", alpha, dirichlet_group=10)
+    parts = partition_pool(labels, clients, how, seed=3)
+    assert len(parts) == clients
+    assert np.array_equal(np.sort(np.concatenate(parts)), np.arange(len(labels)))
+    assert min(map(len, parts)) >= len(labels) // clients // 2
+    main = [np.sum(np.bincount(labels[p], minlength=10) >= 0.1 * len(p)) for p in parts]
+    assert np.median(main) <= 3  # narrow clients, as the paper's Figures 5-6 show
+    if clients > 100:
+        return
+    again = partition_pool(labels, clients, how, seed=3)
+    assert all(np.array_equal(a, b) for a, b in zip(parts, again))
+    other = partition_pool(labels, clients, how, seed=4)
+    assert not all(np.array_equal(a, b) for a, b in zip(parts, other))
+    with pytest.raises(ValueError, match="could not give each of .* or split them in groups "
+                                         r"\('dirichlet-group'"):
+        partition_pool(labels, clients, Partitioning("dirichlet", alpha), seed=3)

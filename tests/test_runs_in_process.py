@@ -188,3 +188,29 @@ def test_two_architectures_in_one_federation(strategy, tiny_data_dir, tmp_path, 
     _, log = run_in_process(parse_config_args([mixed_overrides(strategy, tiny_data_dir,
                                                                results)]))
     check_mixed_run(results, log)
+
+
+def test_a_100_client_federation_runs_two_rounds_as_seeded(tmp_path):
+    """The paper's many-client setting (App. F.1): K = 100 partitions of the paper's split
+    (Lin et al.'s Dirichlet groups of 10, alpha 0.05), C = 0.4, FedGO with a small model, two
+    rounds in process: every partition answers the pre-FL stage, each round trains the 40
+    partitions the seed draws, and all of them reply."""
+    from conftest import write_tiny_fmnist
+    from fedgo_flwr.sampling import sample_clients
+
+    data = tmp_path / "data"
+    write_tiny_fmnist(data / "FashionMNIST" / "raw", n_train=4000, n_test=100)
+    overrides = parse_config_args([
+        f'data-dir="{data}" results-dir="{tmp_path / "results"}" run-name="k100" '
+        'strategy="fedgo" model="mlp" num-server-rounds=2 fraction-train=0.4 local-epochs=1 '
+        'server-epochs=1 generator-steps=1 generator-width=8 discriminator-width=8 '
+        'discriminator-epochs=1 distill-size=0 test-size=0 alpha=0.05 dirichlet-group=10 '
+        'seed=3 diagnostics=false'])
+    record, _ = run_in_process(overrides, partitions=100)
+    assert record["clients"]["num_partitions"] == 100
+    assert record["pre_fl"]["replies"]["usable"] == 100
+    for t in (1, 2):
+        entry = record["rounds"][t]
+        assert entry["clients"] == sample_clients(range(100), 0.4, 3, t)
+        assert len(entry["clients"]) == 40 and entry["replies"]["usable"] == 40
+        assert entry["distill_steps"] > 0 and entry["server_test_acc"] >= 0

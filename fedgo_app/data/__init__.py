@@ -113,7 +113,7 @@ def _partitions(name: str, data_dir: Path, image_size: int, split_seed: int,
 
 def partitioning(cfg) -> Partitioning:
     return Partitioning(cfg.partitioner, cfg.alpha, cfg.classes_per_client,
-                        cfg.shards_per_client)
+                        cfg.shards_per_client, cfg.dirichlet_group)
 
 
 def client_indices(cfg, partition_id: int, num_partitions: int) -> np.ndarray:

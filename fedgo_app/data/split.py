@@ -41,6 +41,7 @@ class Partitioning:
     alpha: float = 0.1
     classes_per_client: int = 2
     shards_per_client: int = 2
+    dirichlet_group: int = 0
 
 
 def partition_pool(labels: np.ndarray, num_partitions: int, how: Partitioning, seed: int,
@@ -51,6 +52,9 @@ def partition_pool(labels: np.ndarray, num_partitions: int, how: Partitioning, s
     if num_partitions < 1:
         raise ValueError(f"num-partitions must be >= 1, got {num_partitions}")
     rows = np.arange(len(labels))
+    if how.name == "dirichlet" and 0 < how.dirichlet_group < num_partitions:
+        return grouped_dirichlet_partitions(labels, num_partitions, how.alpha, seed,
+                                            how.dirichlet_group)
     if how.name == "dirichlet":
         return dirichlet_partitions(labels, num_partitions, how.alpha, seed, min_partition_size)
     if how.name == "pathological":
@@ -113,5 +117,41 @@ def dirichlet_partitions(labels: np.ndarray, num_partitions: int, alpha: float,
     except ValueError as err:  # it gives up after 10 Dirichlet draws with a too-small share
         raise ValueError(
             f"Dirichlet(alpha={alpha}) could not give each of {num_partitions} clients at "
-            f"least {min_size} of {len(labels)} samples in 10 draws: raise 'alpha' or use "
-            f"fewer clients (the federation's num-supernodes)") from err
+            f"least {min_size} of {len(labels)} samples in 10 draws: raise 'alpha', use "
+            f"fewer clients (the federation's num-supernodes), or split them in groups "
+            f"('dirichlet-group', e.g. 10, as Lin et al. and FedGO's paper do for 100)") from err
+
+
+def grouped_dirichlet_partitions(labels: np.ndarray, num_partitions: int, alpha: float,
+                                 seed: int, group: int, attempts: int = 100
+                                 ) -> list[np.ndarray]:
+    """The many-client Dirichlet split of Lin et al. (2020), which FedGO's paper follows (App.
+    E.2, F.1): the pool, in a seeded order, is cut into one share per `group` clients (the
+    last group takes the rest), and each share is split among its clients by Dirichlet(alpha)
+    per class, a client full at its group's mean taking no more (flwr-datasets'
+    `self_balancing`), redrawn until every client holds at least half that mean. Over all K
+    clients at once no such split exists at K = 100 and alpha 0.1 or 0.05: most clients would
+    get (almost) nothing."""
+    order = np.random.default_rng(seed).permutation(len(labels))
+    sizes = [min(group, num_partitions - start) for start in range(0, num_partitions, group)]
+    cuts = np.cumsum([len(labels) * n // num_partitions for n in sizes])[:-1]
+    parts = []
+    for g, (rows, n) in enumerate(zip(np.split(order, cuts), sizes)):
+        floor = len(rows) // (2 * n)
+        for attempt in range(attempts):  # each attempt is flwr-datasets' 10 draws
+            partitioner = DirichletPartitioner(
+                num_partitions=n, partition_by="label", alpha=alpha, min_partition_size=floor,
+                self_balancing=True, shuffle=True, seed=seed * 1_000_003 + g * 1009 + attempt)
+            try:
+                with warnings.catch_warnings():
+                    warnings.filterwarnings("ignore", "The specified min_partition_size",
+                                            UserWarning)
+                    parts += read_partitions(partitioner, labels[rows], n, rows)
+                break
+            except ValueError:
+                continue
+        else:
+            raise ValueError(f"Dirichlet(alpha={alpha}) could not give each of the {n} clients "
+                             f"of group {g} at least {floor} of its {len(rows)} samples in "
+                             f"{10 * attempts} draws: raise 'alpha' or 'dirichlet-group'")
+    return parts
