@@ -127,7 +127,7 @@ def test_a_discriminator_that_comes_after_the_pre_fl_wait_joins_the_odds(tiny_co
     record, _, _ = _run(cfg, grid=grid)
     assert record["pre_fl"]["replies"]["usable"] == 3  # in the stage's wait
     assert record["pre_fl"]["joined_late"] == [2]  # and the fourth when it came
-    assert "discriminator of client 2 in (4 in all)" in caplog.text
+    assert "discriminator of client 2 in: 4 of 4" in caplog.text
     assert all(r["replies"]["usable"] == 4 for r in record["rounds"][1:])
 
 

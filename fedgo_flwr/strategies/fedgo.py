@@ -245,7 +245,7 @@ class FedGO(EnsembleDistillation):
             report.seconds["odds"] = report.seconds.get("odds", 0.0) + time.perf_counter() - start
             report.details.setdefault("discriminators", {})[key] = dict(
                 reply.content.metric_records["metrics"])
-            log(INFO, "pre-FL: discriminator of client %s in: %d of %d", key,
+            log(INFO, "discriminator of client %s in: %d of %d", key,
                 len(self.log_odds), len(self.asked))
         if late and report.details.get("discriminators"):
             report.details["joined_late"] = sorted(report.details["discriminators"])
