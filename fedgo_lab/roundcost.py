@@ -2,12 +2,14 @@
 ServerApp and ClientApp code, the clients one after another in this process) on the lead
 plan's settings, one after the other on the same machine.
 
-    python -m fedgo_lab.roundcost [--rounds 3] [--strategies fedavg fedgo fedgo-cal]
+    python -m fedgo_lab.roundcost [--rounds 3] [--clients 20]
+                                  [--strategies fedavg fedgo fedgo-cal best-row]
                                   [--config KEY=VALUE ...]
 
-Settings: conf/fmnist-fair.toml with 1 local epoch, diagnostics off, K = 20 partitions,
-alpha 0.1, seed 0, then --config. A strategy name is a run-config `strategy`, or
-`fedgo-cal` (conf/fedgo-calibrated.toml). Prints, per strategy, the pre-FL stage and the mean
+Settings: conf/fmnist-fair.toml with 1 local epoch, diagnostics off, K = 20 partitions
+(`--clients`; at 100 or more add `--config dirichlet-group=10`, the paper's split), alpha 0.1,
+seed 0, then --config. A strategy name is a run-config `strategy`, `fedgo-cal`
+(conf/fedgo-calibrated.toml) or `best-row` (conf/best-row.toml). Prints, per strategy, the pre-FL stage and the mean
 seconds per round of each stage (rounds 2.. when there are several: round 1 pays one-off
 costs), and each round's total against FedAvg's.
 """
@@ -25,7 +27,8 @@ from fedgo_lab.cli import add_config_flag, config_from
 from fedgo_lab.perf import STAGES
 
 REPO = Path(__file__).resolve().parent.parent
-PRESETS = {"fedgo-cal": REPO / "conf" / "fedgo-calibrated.toml"}
+PRESETS = {"fedgo-cal": REPO / "conf" / "fedgo-calibrated.toml",
+           "best-row": REPO / "conf" / "best-row.toml"}
 PRE_FL = ("generator_training", "discriminator_training", "odds")
 
 
@@ -60,7 +63,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m fedgo_lab.roundcost", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--partitions", type=int, default=20)
+    parser.add_argument("--partitions", "--clients", type=int, default=20,
+                        help="K, the federation's clients (default: %(default)s)")
     parser.add_argument("--strategies", nargs="+", default=["fedavg", "fedgo", "fedgo-cal"])
     parser.add_argument("--threads", type=int, default=0,
                         help="torch threads (default: torch's own choice)")
