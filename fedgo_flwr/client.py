@@ -4,7 +4,8 @@ ClientApp handler calls, and `register`, which adds them to a user's `ClientApp`
 A FedDF client trains as FedAvg's does (Flower's own `train` handler); a client of Flower's own
 `FedProx` adds `proximal_term` to its loss. FedGO's server sends
 message type `train.discriminator` once (Algorithm 3); DaFKD's sends `train.dafkd` instead of
-`train` every round, FedGen's `train.fedgen`, FedBPG's `train.fedbpg` and, for its clients'
+`train` every round, FedGen's `train.fedgen`, SCAFFOLD's `train.scaffold` (the clients'
+control variates kept in `context.state`), FedBPG's `train.fedbpg` and, for its clients'
 personal models, `evaluate.fedbpg` instead of `evaluate`. The distillation guard's
 `ClientsGuard` sends `evaluate.candidates`; `client_key="partition-id"` sends
 `query.partition` once a node. docs/protocol.md lists every message and record key."""
@@ -26,8 +27,10 @@ from fedgo_flwr.strategies.fedbpg import (EVALUATE_FEDBPG, TRAIN_FEDBPG, persona
                                           personalised_update)
 from fedgo_flwr.strategies.fedgen import TRAIN_FEDGEN, generated_feature_update
 from fedgo_flwr.strategies.fedgo import TRAIN_DISCRIMINATOR, discriminator_update
+from fedgo_flwr.strategies.scaffold import TRAIN_SCAFFOLD, controlled_update
 
-__all__ = ["discriminator_update", "domain_aware_update", "evaluate_candidates",
+__all__ = ["controlled_update", "discriminator_update", "domain_aware_update",
+           "evaluate_candidates",
            "generated_feature_update", "partition_reply", "personalised_evaluate",
            "personalised_update", "proximal_term", "register"]
 
@@ -91,6 +94,10 @@ def register(app: ClientApp, *, model_fn: Callable[[], nn.Module],
         return domain_aware_update(message, model_fn(), data_fn(context), device=where(),
                                    seed=partition_seed(message, context))
 
+    def scaffold(message: Message, context: Context) -> Message:
+        return controlled_update(message, model_fn(), data_fn(context), context.state,
+                                 device=where(), seed=partition_seed(message, context))
+
     def fedgen(message: Message, context: Context) -> Message:
         return generated_feature_update(message, model_fn(), data_fn(context), device=where())
 
@@ -112,6 +119,7 @@ def register(app: ClientApp, *, model_fn: Callable[[], nn.Module],
     for message_type, handler in ((TRAIN_DISCRIMINATOR, discriminator),
                                   (EVALUATE_CANDIDATES, candidates), (QUERY_PARTITION, partition),
                                   (TRAIN_DAFKD, dafkd), (TRAIN_FEDGEN, fedgen),
+                                  (TRAIN_SCAFFOLD, scaffold),
                                   (TRAIN_FEDBPG, fedbpg_train),
                                   (EVALUATE_FEDBPG, fedbpg_evaluate)):
         kind, _, name = message_type.partition(".")

@@ -17,7 +17,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.clientapp import ClientApp
 from torch import nn
 
-from fedgo_flwr import DaFKD, FedBPG, FedDF, FedGen, FedGO
+from fedgo_flwr import SCAFFOLD, DaFKD, FedBPG, FedDF, FedGen, FedGO
 from fedgo_flwr.client import register
 from fedgo_flwr.models import Critic, Discriminator, Generator
 from fedgo_flwr.presets import AS_PUBLISHED, BEST_ROW
@@ -307,7 +307,7 @@ def test_the_guides_table_of_what_each_method_asks_is_true():
     config keys `start` requires: each row against a one-round run of the method."""
     text = (Path(__file__).resolve().parents[1] / "docs" / "library.md").read_text()
     rows = {r.split("|")[1].strip(" `"): r.split("|")[2:6] for r in text.splitlines()
-            if r.startswith("| `Fed") or r.startswith("| `DaFKD")}
+            if re.match(r"\| `(Fed|DaFKD|SCAFFOLD)", r)}
     shape = (1, 8, 8)
     u, _ = tiny_data(shape, 32, seed=7)
     flat = lambda: nn.Sequential(nn.Flatten(), nn.Linear(64, CLASSES))  # noqa: E731
@@ -317,7 +317,8 @@ def test_the_guides_table_of_what_each_method_asks_is_true():
                                        generator_width=4),
               "FedGen": lambda m: FedGen(model_fn=m, num_classes=CLASSES),
               "FedBPG": lambda m: FedBPG(model_fn=m, image_shape=shape, generator_width=4,
-                                         generator_steps=2, tune_steps=2)}
+                                         generator_steps=2, tune_steps=2),
+              "SCAFFOLD": lambda m: SCAFFOLD(model_fn=m)}
     assert sorted(rows) == sorted(builds)
     for name, (model, client, training, _) in rows.items():
         needs_latent = "latent_dim" in model

@@ -10,6 +10,7 @@ from fedgo_flwr.strategies.feddf import FedDF
 from fedgo_flwr.strategies.fedgen import FedGen
 from fedgo_flwr.strategies.fedgo import FedGO
 from fedgo_flwr.strategies.label_counts import LabelCountFedAvg
+from fedgo_flwr.strategies.scaffold import SCAFFOLD
 
 __all__ = ["DaFKD", "EnsembleDistillation", "FedBPG", "FedDF", "FedGO", "FedGen",
-           "LabelCountFedAvg", "ServerUpdateFedAvg"]
+           "LabelCountFedAvg", "SCAFFOLD", "ServerUpdateFedAvg"]
