@@ -7,9 +7,9 @@ app can use as it uses Flower's `FedAvg`, and the client steps they need (fedgo_
                             num_rounds=10, evaluate_fn=evaluate)
 """
 
-from fedgo_flwr.strategies import (SCAFFOLD, DaFKD, EnsembleDistillation, FedBPG, FedDF, FedGen,
-                                   FedGO)
+from fedgo_flwr.strategies import (SCAFFOLD, DaFKD, EnsembleDistillation, FedBPG, FedDF,
+                                   FedDisco, FedGen, FedGO)
 
 __version__ = "0.2.0"
-__all__ = ["DaFKD", "EnsembleDistillation", "FedBPG", "FedDF", "FedGO", "FedGen", "SCAFFOLD",
-           "__version__"]
+__all__ = ["DaFKD", "EnsembleDistillation", "FedBPG", "FedDF", "FedDisco", "FedGO", "FedGen",
+           "SCAFFOLD", "__version__"]

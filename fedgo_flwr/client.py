@@ -7,7 +7,7 @@ message type `train.discriminator` once (Algorithm 3); DaFKD's sends `train.dafk
 `train` every round, FedGen's `train.fedgen`, SCAFFOLD's `train.scaffold` (the clients'
 control variates kept in `context.state`), FedBPG's `train.fedbpg` and, for its clients'
 personal models, `evaluate.fedbpg` instead of `evaluate`. The distillation guard's
-`ClientsGuard` sends `evaluate.candidates`; `client_key="partition-id"` sends
+`ClientsGuard` sends `evaluate.candidates`; FedDisco `query.label_counts` once a client; `client_key="partition-id"` sends
 `query.partition` once a node. docs/protocol.md lists every message and record key."""
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from fedgo_flwr.guard import EVALUATE_CANDIDATES, evaluate_candidates
 from fedgo_flwr.sampling import QUERY_PARTITION, partition_reply
 from fedgo_flwr.seeds import client_seed
 from fedgo_flwr.strategies.dafkd import TRAIN_DAFKD, domain_aware_update
+from fedgo_flwr.strategies.feddisco import QUERY_LABEL_COUNTS, label_counts_reply
 from fedgo_flwr.strategies.fedbpg import (EVALUATE_FEDBPG, TRAIN_FEDBPG, personalised_evaluate,
                                           personalised_update)
 from fedgo_flwr.strategies.fedgen import TRAIN_FEDGEN, generated_feature_update
@@ -30,7 +31,7 @@ from fedgo_flwr.strategies.fedgo import TRAIN_DISCRIMINATOR, discriminator_updat
 from fedgo_flwr.strategies.scaffold import TRAIN_SCAFFOLD, controlled_update
 
 __all__ = ["controlled_update", "discriminator_update", "domain_aware_update",
-           "evaluate_candidates",
+           "evaluate_candidates", "label_counts_reply",
            "generated_feature_update", "partition_reply", "personalised_evaluate",
            "personalised_update", "proximal_term", "register"]
 
@@ -113,14 +114,16 @@ def register(app: ClientApp, *, model_fn: Callable[[], nn.Module],
     def candidates(message: Message, context: Context) -> Message:
         return evaluate_candidates(message, model_fn, data_fn(context), device=where())
 
+    def counts(message: Message, context: Context) -> Message:
+        return label_counts_reply(message, data_fn(context))
+
     def partition(message: Message, context: Context) -> Message:
         return partition_reply(message, context.node_config)
 
-    for message_type, handler in ((TRAIN_DISCRIMINATOR, discriminator),
-                                  (EVALUATE_CANDIDATES, candidates), (QUERY_PARTITION, partition),
-                                  (TRAIN_DAFKD, dafkd), (TRAIN_FEDGEN, fedgen),
-                                  (TRAIN_SCAFFOLD, scaffold),
-                                  (TRAIN_FEDBPG, fedbpg_train),
-                                  (EVALUATE_FEDBPG, fedbpg_evaluate)):
+    for message_type, handler in (
+            (TRAIN_DISCRIMINATOR, discriminator), (EVALUATE_CANDIDATES, candidates),
+            (QUERY_PARTITION, partition), (TRAIN_DAFKD, dafkd), (TRAIN_FEDGEN, fedgen),
+            (TRAIN_SCAFFOLD, scaffold), (QUERY_LABEL_COUNTS, counts),
+            (TRAIN_FEDBPG, fedbpg_train), (EVALUATE_FEDBPG, fedbpg_evaluate)):
         kind, _, name = message_type.partition(".")
         getattr(app, kind)(name)(handler)

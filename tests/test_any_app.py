@@ -17,7 +17,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.clientapp import ClientApp
 from torch import nn
 
-from fedgo_flwr import SCAFFOLD, DaFKD, FedBPG, FedDF, FedGen, FedGO
+from fedgo_flwr import SCAFFOLD, DaFKD, FedBPG, FedDF, FedDisco, FedGen, FedGO
 from fedgo_flwr.client import register
 from fedgo_flwr.models import Critic, Discriminator, Generator
 from fedgo_flwr.presets import AS_PUBLISHED, BEST_ROW
@@ -318,7 +318,8 @@ def test_the_guides_table_of_what_each_method_asks_is_true():
               "FedGen": lambda m: FedGen(model_fn=m, num_classes=CLASSES),
               "FedBPG": lambda m: FedBPG(model_fn=m, image_shape=shape, generator_width=4,
                                          generator_steps=2, tune_steps=2),
-              "SCAFFOLD": lambda m: SCAFFOLD(model_fn=m)}
+              "SCAFFOLD": lambda m: SCAFFOLD(model_fn=m),
+              "FedDisco": lambda m: FedDisco(model_fn=m, num_classes=CLASSES)}
     assert sorted(rows) == sorted(builds)
     for name, (model, client, training, _) in rows.items():
         needs_latent = "latent_dim" in model
@@ -336,7 +337,7 @@ def test_the_guides_table_of_what_each_method_asks_is_true():
                        num_rounds=1, train_config=ConfigRecord({**TRAINING}))
         sent = {m.metadata.message_type for m in grid.sent}
         own = {t for t in sent if t not in ("train", "evaluate", "query.partition")}
-        assert own == set(re.findall(r"`((?:train|evaluate)\.\w+)`", client)), name
+        assert own == set(re.findall(r"`((?:train|evaluate|query)\.\w+)`", client)), name
         replaced = re.search(r"replaces? your `train`( and `evaluate`)?", client)
         assert ("train" in sent) == (replaced is None), name
         assert ("evaluate" in sent) == (replaced is None or replaced.group(1) is None), name
