@@ -2,13 +2,14 @@
 ClientApp handler calls, and `register`, which adds them to a user's `ClientApp` at once.
 
 A FedDF client trains as FedAvg's does (Flower's own `train` handler); a client of Flower's own
-`FedProx` adds `proximal_term` to its loss. FedGO's server sends
-message type `train.discriminator` once (Algorithm 3); DaFKD's sends `train.dafkd` instead of
-`train` every round, FedGen's `train.fedgen`, SCAFFOLD's `train.scaffold` (the clients'
-control variates kept in `context.state`), FedBPG's `train.fedbpg` and, for its clients'
-personal models, `evaluate.fedbpg` instead of `evaluate`. The distillation guard's
-`ClientsGuard` sends `evaluate.candidates`; FedDisco `query.label_counts` once a client; `client_key="partition-id"` sends
-`query.partition` once a node. docs/protocol.md lists every message and record key."""
+`FedProx` adds `proximal_term` to its loss. FedGO's server sends message type
+`train.discriminator` once (Algorithm 3); DaFKD's sends `train.dafkd` instead of `train`
+every round, FedGen's `train.fedgen`, FedGKD's `train.fedgkd`, SCAFFOLD's `train.scaffold`
+(the clients' control variates kept in `context.state`), FedBPG's `train.fedbpg` and, for
+its clients' personal models, `evaluate.fedbpg` instead of `evaluate`; FedDisco asks each
+client once `query.label_counts`. The distillation guard's `ClientsGuard` sends
+`evaluate.candidates`; `client_key="partition-id"` sends `query.partition` once a node.
+docs/protocol.md lists every message and record key."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from fedgo_flwr.sampling import QUERY_PARTITION, partition_reply
 from fedgo_flwr.seeds import client_seed
 from fedgo_flwr.strategies.dafkd import TRAIN_DAFKD, domain_aware_update
 from fedgo_flwr.strategies.feddisco import QUERY_LABEL_COUNTS, label_counts_reply
+from fedgo_flwr.strategies.fedgkd import TRAIN_FEDGKD, historical_update
 from fedgo_flwr.strategies.fedbpg import (EVALUATE_FEDBPG, TRAIN_FEDBPG, personalised_evaluate,
                                           personalised_update)
 from fedgo_flwr.strategies.fedgen import TRAIN_FEDGEN, generated_feature_update
@@ -31,8 +33,8 @@ from fedgo_flwr.strategies.fedgo import TRAIN_DISCRIMINATOR, discriminator_updat
 from fedgo_flwr.strategies.scaffold import TRAIN_SCAFFOLD, controlled_update
 
 __all__ = ["controlled_update", "discriminator_update", "domain_aware_update",
-           "evaluate_candidates", "label_counts_reply",
-           "generated_feature_update", "partition_reply", "personalised_evaluate",
+           "evaluate_candidates", "generated_feature_update", "historical_update",
+           "label_counts_reply", "partition_reply", "personalised_evaluate",
            "personalised_update", "proximal_term", "register"]
 
 
@@ -82,29 +84,33 @@ def register(app: ClientApp, *, model_fn: Callable[[], nn.Module],
         `discriminator_fn`, its `generator`'s maker); None: the library's, built for the
         client's image size.
     """
+    handlers = client_handlers(model_fn, data_fn, device, test_data_fn, discriminator_fn,
+                               generator_fn)
+    for message_type, handler in handlers.items():
+        kind, _, name = message_type.partition(".")
+        getattr(app, kind)(name)(handler)
+
+
+def client_handlers(model_fn: Callable[[], nn.Module], data_fn: Callable[[Context], object],
+                    device, test_data_fn, discriminator_fn, generator_fn
+                    ) -> dict[str, Callable[[Message, Context], Message]]:
+    """Each message type's handler over the user's model and data (`register`'s keywords)."""
     def where() -> torch.device:
         return torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+    def trains(update, state: bool = False, seeded: bool = True):
+        """A handler running a method's client step on the user's model and data (and the
+        node's context.state), seeded by the partition where the node has one."""
+        def handler(message: Message, context: Context) -> Message:
+            seed = {"seed": partition_seed(message, context)} if seeded else {}
+            kept = (context.state,) if state else ()
+            return update(message, model_fn(), data_fn(context), *kept, device=where(), **seed)
+        return handler
 
     def discriminator(message: Message, context: Context) -> Message:
         return discriminator_update(message, data_fn(context), device=where(),
                                     seed=partition_seed(message, context),
-                                    discriminator_fn=discriminator_fn,
-                                    generator_fn=generator_fn)
-
-    def dafkd(message: Message, context: Context) -> Message:
-        return domain_aware_update(message, model_fn(), data_fn(context), device=where(),
-                                   seed=partition_seed(message, context))
-
-    def scaffold(message: Message, context: Context) -> Message:
-        return controlled_update(message, model_fn(), data_fn(context), context.state,
-                                 device=where(), seed=partition_seed(message, context))
-
-    def fedgen(message: Message, context: Context) -> Message:
-        return generated_feature_update(message, model_fn(), data_fn(context), device=where())
-
-    def fedbpg_train(message: Message, context: Context) -> Message:
-        return personalised_update(message, model_fn(), data_fn(context), context.state,
-                                   device=where())
+                                    discriminator_fn=discriminator_fn, generator_fn=generator_fn)
 
     def fedbpg_evaluate(message: Message, context: Context) -> Message:
         test = test_data_fn(context) if test_data_fn is not None else None
@@ -114,16 +120,12 @@ def register(app: ClientApp, *, model_fn: Callable[[], nn.Module],
     def candidates(message: Message, context: Context) -> Message:
         return evaluate_candidates(message, model_fn, data_fn(context), device=where())
 
-    def counts(message: Message, context: Context) -> Message:
-        return label_counts_reply(message, data_fn(context))
-
-    def partition(message: Message, context: Context) -> Message:
-        return partition_reply(message, context.node_config)
-
-    for message_type, handler in (
-            (TRAIN_DISCRIMINATOR, discriminator), (EVALUATE_CANDIDATES, candidates),
-            (QUERY_PARTITION, partition), (TRAIN_DAFKD, dafkd), (TRAIN_FEDGEN, fedgen),
-            (TRAIN_SCAFFOLD, scaffold), (QUERY_LABEL_COUNTS, counts),
-            (TRAIN_FEDBPG, fedbpg_train), (EVALUATE_FEDBPG, fedbpg_evaluate)):
-        kind, _, name = message_type.partition(".")
-        getattr(app, kind)(name)(handler)
+    return {TRAIN_DISCRIMINATOR: discriminator, EVALUATE_CANDIDATES: candidates,
+            QUERY_PARTITION: lambda m, context: partition_reply(m, context.node_config),
+            QUERY_LABEL_COUNTS: lambda m, context: label_counts_reply(m, data_fn(context)),
+            TRAIN_DAFKD: trains(domain_aware_update),
+            TRAIN_FEDGEN: trains(generated_feature_update, seeded=False),
+            TRAIN_SCAFFOLD: trains(controlled_update, state=True),
+            TRAIN_FEDGKD: trains(historical_update),
+            TRAIN_FEDBPG: trains(personalised_update, state=True, seeded=False),
+            EVALUATE_FEDBPG: fedbpg_evaluate}

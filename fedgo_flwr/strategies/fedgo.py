@@ -332,9 +332,9 @@ def discriminator_update(message: Message, data, *, device: str | torch.device =
     carries ArrayRecord "server-sample" instead, from those images of the server: not in the
     paper). `seed` seeds D_k and its batches (default: the message's seed and this node's id).
     `discriminator_fn` and `generator_fn` build the server's own D_k and G, where it has
-    its own (FedGO's `discriminator_fn`, its `generator`'s maker). The reply holds ArrayRecord "discriminator" and MetricRecord "metrics" (num-examples,
-    discriminator-loss, discriminator-seconds, and with calibration odds-scale and
-    odds-shift)."""
+    its own (FedGO's `discriminator_fn`, its `generator`'s maker). The reply holds
+    ArrayRecord "discriminator" and MetricRecord "metrics" (num-examples, discriminator-loss,
+    discriminator-seconds, and with calibration odds-scale and odds-shift)."""
     conf, device = message.content.config_records["config"], torch.device(device)
     x = images_of(data)
     negatives = received_negatives(message, tuple(x.shape[1:]), bool(conf["flip"]), device,
