@@ -8,8 +8,8 @@ app can use as it uses Flower's `FedAvg`, and the client steps they need (fedgo_
 """
 
 from fedgo_flwr.strategies import (SCAFFOLD, DaFKD, EnsembleDistillation, FedBPG, FedDF,
-                                   FedDisco, FedGen, FedGKD, FedGO)
+                                   FedDisco, FedGen, FedGKD, FedGO, FedUV)
 
 __version__ = "0.2.0"
 __all__ = ["DaFKD", "EnsembleDistillation", "FedBPG", "FedDF", "FedDisco", "FedGKD", "FedGO",
-           "FedGen", "SCAFFOLD", "__version__"]
+           "FedGen", "FedUV", "SCAFFOLD", "__version__"]

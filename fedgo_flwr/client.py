@@ -4,12 +4,12 @@ ClientApp handler calls, and `register`, which adds them to a user's `ClientApp`
 A FedDF client trains as FedAvg's does (Flower's own `train` handler); a client of Flower's own
 `FedProx` adds `proximal_term` to its loss. FedGO's server sends message type
 `train.discriminator` once (Algorithm 3); DaFKD's sends `train.dafkd` instead of `train`
-every round, FedGen's `train.fedgen`, FedGKD's `train.fedgkd`, SCAFFOLD's `train.scaffold`
-(the clients' control variates kept in `context.state`), FedBPG's `train.fedbpg` and, for
-its clients' personal models, `evaluate.fedbpg` instead of `evaluate`; FedDisco asks each
-client once `query.label_counts`. The distillation guard's `ClientsGuard` sends
-`evaluate.candidates`; `client_key="partition-id"` sends `query.partition` once a node.
-docs/protocol.md lists every message and record key."""
+every round, FedGen's `train.fedgen`, FedGKD's `train.fedgkd`, FedUV's `train.feduv`,
+SCAFFOLD's `train.scaffold` (the clients' control variates kept in `context.state`),
+FedBPG's `train.fedbpg` and, for its clients' personal models, `evaluate.fedbpg` instead of
+`evaluate`; FedDisco asks each client once `query.label_counts`. The distillation guard's
+`ClientsGuard` sends `evaluate.candidates`; `client_key="partition-id"` sends
+`query.partition` once a node. docs/protocol.md lists every message and record key."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from fedgo_flwr.seeds import client_seed
 from fedgo_flwr.strategies.dafkd import TRAIN_DAFKD, domain_aware_update
 from fedgo_flwr.strategies.feddisco import QUERY_LABEL_COUNTS, label_counts_reply
 from fedgo_flwr.strategies.fedgkd import TRAIN_FEDGKD, historical_update
+from fedgo_flwr.strategies.feduv import TRAIN_FEDUV, uniform_variance_update
 from fedgo_flwr.strategies.fedbpg import (EVALUATE_FEDBPG, TRAIN_FEDBPG, personalised_evaluate,
                                           personalised_update)
 from fedgo_flwr.strategies.fedgen import TRAIN_FEDGEN, generated_feature_update
@@ -35,7 +36,7 @@ from fedgo_flwr.strategies.scaffold import TRAIN_SCAFFOLD, controlled_update
 __all__ = ["controlled_update", "discriminator_update", "domain_aware_update",
            "evaluate_candidates", "generated_feature_update", "historical_update",
            "label_counts_reply", "partition_reply", "personalised_evaluate",
-           "personalised_update", "proximal_term", "register"]
+           "personalised_update", "proximal_term", "register", "uniform_variance_update"]
 
 
 def proximal_term(model: nn.Module, anchor: list[torch.Tensor], mu: float) -> torch.Tensor:
@@ -127,5 +128,6 @@ def client_handlers(model_fn: Callable[[], nn.Module], data_fn: Callable[[Contex
             TRAIN_FEDGEN: trains(generated_feature_update, seeded=False),
             TRAIN_SCAFFOLD: trains(controlled_update, state=True),
             TRAIN_FEDGKD: trains(historical_update),
+            TRAIN_FEDUV: trains(uniform_variance_update),
             TRAIN_FEDBPG: trains(personalised_update, state=True, seeded=False),
             EVALUATE_FEDBPG: fedbpg_evaluate}

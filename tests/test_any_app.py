@@ -17,7 +17,8 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.clientapp import ClientApp
 from torch import nn
 
-from fedgo_flwr import SCAFFOLD, DaFKD, FedBPG, FedDF, FedDisco, FedGen, FedGKD, FedGO
+from fedgo_flwr import (SCAFFOLD, DaFKD, FedBPG, FedDF, FedDisco, FedGen, FedGKD, FedGO,
+                        FedUV)
 from fedgo_flwr.client import register
 from fedgo_flwr.models import Critic, Discriminator, Generator
 from fedgo_flwr.presets import AS_PUBLISHED, BEST_ROW
@@ -320,10 +321,11 @@ def test_the_guides_table_of_what_each_method_asks_is_true():
                                          generator_steps=2, tune_steps=2),
               "SCAFFOLD": lambda m: SCAFFOLD(model_fn=m),
               "FedDisco": lambda m: FedDisco(model_fn=m, num_classes=CLASSES),
-              "FedGKD": lambda m: FedGKD(unlabeled_data=u, model_fn=m)}
+              "FedGKD": lambda m: FedGKD(unlabeled_data=u, model_fn=m),
+              "FedUV": lambda m: FedUV(model_fn=m)}
     assert sorted(rows) == sorted(builds)
     for name, (model, client, training, _) in rows.items():
-        needs_latent = "latent_dim" in model
+        needs_latent = "`features`" in model
         try:
             builds[name](flat)
             refused = False

@@ -9,11 +9,12 @@ from fedgo_flwr.strategies.fedbpg import FedBPG
 from fedgo_flwr.strategies.feddf import FedDF
 from fedgo_flwr.strategies.feddisco import FedDisco
 from fedgo_flwr.strategies.fedgkd import FedGKD
+from fedgo_flwr.strategies.feduv import FedUV
 from fedgo_flwr.strategies.fedgen import FedGen
 from fedgo_flwr.strategies.fedgo import FedGO
 from fedgo_flwr.strategies.label_counts import LabelCountFedAvg
 from fedgo_flwr.strategies.scaffold import SCAFFOLD
 
 __all__ = ["DaFKD", "EnsembleDistillation", "FedBPG", "FedDF", "FedDisco", "FedGKD", "FedGO",
-           "FedGen",
+           "FedGen", "FedUV",
            "LabelCountFedAvg", "SCAFFOLD", "ServerUpdateFedAvg"]
