@@ -2,8 +2,10 @@
 user of the wheel writes one (its own tiny grayscale images of 11x13 pixels, a size the
 paper's generator was not built for; an MLP; its own SGD train handler; no torchvision, no
 flwr-datasets), run through a real `flwr run` in simulation with the wheel installed apart
-from this repository. Its ServerApp runs FedGO, FedDF and DaFKD one after another on the same
-nodes, each taken as Flower's `FedAvg` is; each must complete and end above chance."""
+from this repository. Its ServerApp runs FedGO, FedDF, DaFKD and the Table 3 baselines (SCAFFOLD, FedDisco,
+FedGKD+, FedUV) one after another on the same nodes, each taken as Flower's `FedAvg` is; each
+must complete and end above chance, and SCAFFOLD's clients find their control variates in
+`context.state` from round 2 on, through Ray's workers."""
 
 from __future__ import annotations
 
@@ -126,7 +128,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
 from flwr.serverapp import ServerApp
 
-from fedgo_flwr import DaFKD, FedDF, FedGO
+from fedgo_flwr import SCAFFOLD, DaFKD, FedDF, FedDisco, FedGKD, FedGO, FedUV
 from tinymlp.task import MLP, images
 
 app = ServerApp()
@@ -154,7 +156,10 @@ def main(grid, context):
     for strategy in (FedGO(unlabeled_data=u, model_fn=MLP, distill_epochs=1, **GAN),
                      FedDF(unlabeled_data=u, model_fn=MLP, distill_epochs=1),
                      DaFKD(unlabeled_data=u, model_fn=MLP, distill_epochs=1, gan_rounds=1,
-                           generator_width=8, latent_dim=16)):
+                           generator_width=8, latent_dim=16),
+                     SCAFFOLD(model_fn=MLP), FedDisco(model_fn=MLP, num_classes=4),
+                     FedGKD(unlabeled_data=u, model_fn=MLP, distill_epochs=1),
+                     FedUV(model_fn=MLP)):
         torch.manual_seed(0)
         result = strategy.start(grid=grid, initial_arrays=ArrayRecord(MLP().state_dict()),
                                 num_rounds=cfg["num-server-rounds"], train_config=training,
@@ -175,8 +180,8 @@ def write_app(root):
         (root / "tinymlp" / f"{name}.py").write_text(textwrap.dedent(source).lstrip())
 
 
-@pytest.mark.e2e(seconds=120)
-def test_a_users_own_small_app_runs_fedgo_feddf_and_dafkd_from_the_wheel(
+@pytest.mark.e2e(seconds=150)
+def test_a_users_own_small_app_runs_every_strategy_from_the_wheel(
         user_env, superlink_env, tmp_path):  # noqa: F811
     app, out = tmp_path / "tiny-mlp", tmp_path / "result.json"
     write_app(app)
@@ -190,7 +195,10 @@ def test_a_users_own_small_app_runs_fedgo_feddf_and_dafkd_from_the_wheel(
     assert _status(superlink_env, superlink_env["FLWR_HOME"], log) == "finished:completed", \
         log[-3000:]
     result = json.loads(out.read_text())
-    assert sorted(result) == ["DaFKD", "FedDF", "FedGO"]
+    assert sorted(result) == ["DaFKD", "FedDF", "FedDisco", "FedGKD", "FedGO", "FedUV",
+                              "SCAFFOLD"]
+    assert result["SCAFFOLD"]["train"]["1"]["control-kept"] == 0
+    assert result["SCAFFOLD"]["train"]["3"]["control-kept"] == 1  # every client's c_i kept
     for method, runs in result.items():
         assert sorted(runs["accuracy"]) == ["0", "1", "2", "3"], method
         assert runs["accuracy"]["3"] > 2 / CLASSES, (method, runs["accuracy"])  # chance: 1/4

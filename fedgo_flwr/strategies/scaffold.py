@@ -124,7 +124,8 @@ def controlled_update(message: Message, model: nn.Module, data, state: RecordDic
     c - c_i, c_i read from and written back to `state` (the node's context.state; zero on a
     first round). Settings from the train config as label_counts.TRAINING reads them. The
     reply holds ArrayRecords "arrays" (y_i) and "control-delta" (Delta c_i) and MetricRecord
-    "metrics" (num-examples, the loss under "train-loss-key", train-seconds, local-steps)."""
+    "metrics" (num-examples, the loss under "train-loss-key", train-seconds, local-steps and
+    control-kept, 1 where c_i came from `state`)."""
     conf, device = message.content.config_records["config"], torch.device(device)
     x, y = labelled(data)
     model.load_state_dict(message.content.array_records["arrays"].to_torch_state_dict())
@@ -152,4 +153,5 @@ def controlled_update(message: Message, model: nn.Module, data, state: RecordDic
     return Message(RecordDict({
         "arrays": ArrayRecord(model.cpu().state_dict()), CONTROL_DELTA: ArrayRecord(delta),
         "metrics": MetricRecord({"num-examples": len(y), "local-steps": steps,
+                                 "control-kept": int(own is not None),
                                  **loss_named(result, message)})}), reply_to=message)
