@@ -86,6 +86,18 @@ def loss_named(result: dict, message: Message) -> dict:
     return {(name if k == "train-loss" else k): v for k, v in result.items()}
 
 
+def model_reply(message: Message, model: nn.Module, num_examples: int, result: dict,
+                arrays: dict[str, ArrayRecord] | None = None,
+                metrics: dict | None = None) -> Message:
+    """The reply of a method's own client step: ArrayRecord "arrays" (the trained model) and
+    any more `arrays`, MetricRecord "metrics" (num-examples, the training's `result` with its
+    loss named by the config's "train-loss-key", and any more `metrics`)."""
+    return Message(RecordDict({
+        "arrays": ArrayRecord(model.cpu().state_dict()), **(arrays or {}),
+        "metrics": MetricRecord({"num-examples": num_examples, **loss_named(result, message),
+                                 **(metrics or {})})}), reply_to=message)
+
+
 @dataclass
 class RoundReport:
     """What one round computed, for the strategy's `observers` (records, diagnostics): the

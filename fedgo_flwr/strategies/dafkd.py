@@ -26,8 +26,8 @@ from fedgo_flwr.gan import draw_images
 from fedgo_flwr.inputs import labelled
 from fedgo_flwr.models import Generator
 from fedgo_flwr.seeds import round_seed
-from fedgo_flwr.strategies.base import (CLIENT_TRAINING, ClientModel, loss_named, message_seed,
-                                        retyped)
+from fedgo_flwr.strategies.base import (CLIENT_TRAINING, ClientModel, message_seed,
+                                        model_reply, retyped)
 from fedgo_flwr.strategies.ensemble import EnsembleDistillation
 from fedgo_flwr.teachers import server_autocast
 from fedgo_flwr.train import apply_in_batches, classifier_optimizer, minibatch_descent
@@ -259,9 +259,7 @@ def domain_aware_update(message: Message, model: nn.Module, data, *,
         flip=bool(conf.get("flip", False)), crop=int(conf.get("random-crop", 0)),
         optimizer=str(conf.get("optimizer", "adam")),
         momentum=float(conf.get("momentum", 0.9)), seed=seed, device=torch.device(device))
-    arrays = {"arrays": ArrayRecord(model.cpu().state_dict()),
-              HEAD: ArrayRecord(head.cpu().state_dict())}
+    arrays = {HEAD: ArrayRecord(head.cpu().state_dict())}
     if trains_g:
         arrays[GENERATOR] = ArrayRecord(generator.cpu().state_dict())
-    return Message(RecordDict({**arrays, "metrics": MetricRecord(
-        {"num-examples": len(y), **loss_named(result, message)})}), reply_to=message)
+    return model_reply(message, model, len(y), result, arrays)

@@ -27,12 +27,12 @@ from collections import deque
 
 import torch
 import torch.nn.functional as F
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.serverapp import Grid
 from torch import nn
 
 from fedgo_flwr.inputs import labelled
-from fedgo_flwr.strategies.base import CLIENT_TRAINING, loss_named, message_seed, retyped
+from fedgo_flwr.strategies.base import CLIENT_TRAINING, message_seed, model_reply, retyped
 from fedgo_flwr.strategies.feddf import FedDF
 from fedgo_flwr.strategies.label_counts import train_as_configured
 
@@ -113,7 +113,4 @@ def historical_update(message: Message, model: nn.Module, data, *,
 
     result = train_as_configured(model, x, y, conf, device=device, batch_term=distillation,
                                  seed=message_seed(message) if seed is None else seed)
-    return Message(RecordDict({"arrays": ArrayRecord(model.cpu().state_dict()),
-                               "metrics": MetricRecord({"num-examples": len(y),
-                                                        **loss_named(result, message)})}),
-                   reply_to=message)
+    return model_reply(message, model, len(y), result)

@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.serverapp import Grid
 from torch import nn
 
 from fedgo_flwr.inputs import labelled
-from fedgo_flwr.strategies.base import (CLIENT_TRAINING, ServerUpdateFedAvg, loss_named,
-                                        message_seed, retyped)
+from fedgo_flwr.strategies.base import (CLIENT_TRAINING, ServerUpdateFedAvg, message_seed,
+                                        model_reply, retyped)
 from fedgo_flwr.strategies.label_counts import train_as_configured
 
 TRAIN_FEDUV = "train.feduv"
@@ -126,7 +126,4 @@ def uniform_variance_update(message: Message, model: nn.Module, data, *,
 
     result = train_as_configured(encoded, x, y, conf, device=device, batch_term=regularisers,
                                  seed=message_seed(message) if seed is None else seed)
-    return Message(RecordDict({"arrays": ArrayRecord(model.cpu().state_dict()),
-                               "metrics": MetricRecord({"num-examples": len(y),
-                                                        **loss_named(result, message)})}),
-                   reply_to=message)
+    return model_reply(message, model, len(y), result)

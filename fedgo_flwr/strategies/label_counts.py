@@ -13,13 +13,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.serverapp import Grid
 from torch import nn
 
 from fedgo_flwr.seeds import round_seed
 from fedgo_flwr.strategies.base import (CLIENT_TRAINING, ClientModel, ServerUpdateFedAvg,
-                                        loss_named, retyped)
+                                        model_reply, retyped)
 from fedgo_flwr.train import train_classifier
 
 LABEL_COUNTS = "label-counts"  # the reply's metric: c_k, C integers summing to n_k
@@ -133,7 +133,5 @@ def trained_reply(message: Message, model: nn.Module, y: torch.Tensor, result: d
                   num_classes: int) -> Message:
     """The reply to a train message: ArrayRecord "arrays" (the trained model) and MetricRecord
     "metrics" (num-examples, the training's metrics and label-counts)."""
-    metrics = {"num-examples": len(y), **loss_named(result, message),
-               LABEL_COUNTS: label_counts(y, num_classes)}
-    return Message(RecordDict({"arrays": ArrayRecord(model.cpu().state_dict()),
-                               "metrics": MetricRecord(metrics)}), reply_to=message)
+    return model_reply(message, model, len(y), result,
+                       metrics={LABEL_COUNTS: label_counts(y, num_classes)})

@@ -31,14 +31,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 from torch import nn
 
 from fedgo_flwr.inputs import labelled
 from fedgo_flwr.replies import state_problem
 from fedgo_flwr.strategies.base import (CLIENT_TRAINING, ClientModel, RoundReport,
-                                        ServerUpdateFedAvg, loss_named, message_seed, retyped)
+                                        ServerUpdateFedAvg, message_seed, model_reply, retyped)
 from fedgo_flwr.strategies.label_counts import train_as_configured
 
 TRAIN_SCAFFOLD = "train.scaffold"
@@ -150,8 +150,5 @@ def controlled_update(message: Message, model: nn.Module, data, state: RecordDic
            else dict(c_i))
     state.array_records[CLIENT_CONTROL] = ArrayRecord(new)
     delta = {n: new[n] - c_i[n] for n in c}
-    return Message(RecordDict({
-        "arrays": ArrayRecord(model.cpu().state_dict()), CONTROL_DELTA: ArrayRecord(delta),
-        "metrics": MetricRecord({"num-examples": len(y), "local-steps": steps,
-                                 "control-kept": int(own is not None),
-                                 **loss_named(result, message)})}), reply_to=message)
+    return model_reply(message, model, len(y), result, {CONTROL_DELTA: ArrayRecord(delta)},
+                       {"local-steps": steps, "control-kept": int(own is not None)})
