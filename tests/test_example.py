@@ -14,6 +14,7 @@ import sysconfig
 from pathlib import Path
 
 import pytest
+import torch
 
 from conftest import REPO, write_tiny_fmnist
 from test_flwr_run import _free_port, _status, _superlink_pids
@@ -171,6 +172,7 @@ def test_the_examples_one_line_swaps_fedgo_for_feddf_or_dafkd(strategy, tmp_path
     project = tomllib.loads((app / "pyproject.toml").read_text())
     run_config = {**flatten_dict(project["tool"]["flwr"]["app"]["config"]), **OVERRIDES,
                   **LEARNS, "data-dir": str(data), "output-dir": str(out)}
+    torch.manual_seed(0)  # the example seeds nothing: its model's initialisation, the test's
     server_app(InProcessGrid(client_app, run_config, NODES),
                Context(run_id=7, node_id=0, node_config={}, state=RecordDict(),
                        run_config=run_config))
