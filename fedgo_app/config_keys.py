@@ -233,6 +233,10 @@ class DistillationKeys:
     odds_beta: float = key(1.0, "sharpened odds, w_k ~ n_k Phi_k^beta (odds-unsquashed: "
                            "its inverse temperature); 1 = the paper",
                            POSITIVE, ("weighting",))
+    teachers_per_image: int = key(0, "FedGO: only this many teachers of largest odds weight "
+                                  "label an image, the rest weighted 0 (a round's teacher "
+                                  "forwards stop growing with the clients); 0 = all, the paper; "
+                                  "not in the paper", NON_NEGATIVE, ("weighting",))
     averaged_share: float = key(0.0, "the round's averaged model as one more teacher holding "
                                 "this share of the ensemble's weight everywhere (the clients "
                                 "share the rest by the rule); 0 = the paper; not in the paper",

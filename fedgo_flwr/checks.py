@@ -87,8 +87,8 @@ def check_generator(generator: nn.Module, u: torch.Tensor) -> None:
     check_unit_range(u, "the generator")
 
 
-def check_discriminator(discriminator: nn.Module, u: torch.Tensor) -> None:
-    """The discriminator protocol: `logit(x)` -> one score an image."""
+def check_discriminator(discriminator: nn.Module, u: torch.Tensor) -> dict:
+    """The discriminator protocol: `logit(x)` -> one score an image; returns its state."""
     if not callable(getattr(discriminator, "logit", None)):
         raise TypeError(f"discriminator_fn built a {type(discriminator).__name__} without "
                         "logit(x) -> [n]: the protocol of fedgo_flwr.models.gan")
@@ -99,6 +99,7 @@ def check_discriminator(discriminator: nn.Module, u: torch.Tensor) -> None:
     if tuple(out.shape) != (len(x),):
         raise ValueError(f"the discriminator's logit(x) has shape {tuple(out.shape)} for "
                          f"{len(x)} images; expected [{len(x)}]")
+    return discriminator.state_dict()
 
 
 def keyword_owners(cls: type, name: str) -> list[str]:

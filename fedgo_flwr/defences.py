@@ -46,3 +46,10 @@ def screen_odds(u_log_odds: torch.Tensor, capped: bool, z: float) -> dict[int, s
             if k not in flagged and score > z:
                 flagged[k] = f"outlier (mean log Phi {m:.3g}, {score:.1f} robust sd from the median)"
     return flagged
+
+
+def screened(log_odds: dict, capped: bool, z: float) -> dict:
+    """screen_odds over the clients' log Phi_k on U ({key: [V, |U|]}, view 0): {key: why}."""
+    keys = sorted(log_odds)
+    flagged = screen_odds(torch.stack([log_odds[k][0] for k in keys]), capped, z)
+    return {keys[row]: why for row, why in flagged.items()}

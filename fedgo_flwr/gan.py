@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from logging import INFO
 from typing import Callable
@@ -234,6 +235,14 @@ def calibrate_discriminator(discriminator: Discriminator, negatives: Negatives,
     with torch.no_grad():
         fake = discriminator.logit(negatives(len(held_out), gen).to(device)).float().cpu()
     return platt_calibration(real, fake)
+
+
+def calibration_problem(metrics) -> str | None:
+    """Why a reply's Platt calibration (odds-scale a, odds-shift b) is unusable, or None."""
+    a, b = metrics.get("odds-scale"), metrics.get("odds-shift")
+    if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in (a, b)) or a <= 0:
+        return f"calibration (odds-scale, odds-shift) is ({a}, {b}); expected a > 0, b finite"
+    return None
 
 
 def log_odds(discriminator: Discriminator, x: torch.Tensor, *, device: torch.device,

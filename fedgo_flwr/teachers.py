@@ -86,6 +86,38 @@ def teacher_logits(nets: list[nn.Module], x: torch.Tensor, *, device: torch.devi
         return torch.stack([predict_logits(net, x, device=device, flip=flip) for net in nets])
 
 
+def top_teacher_logits(nets: list[nn.Module], x: torch.Tensor, log_weights: torch.Tensor,
+                       per_image: int, *, device: torch.device, flip: bool = False,
+                       amp: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The logits [K, N, C] of the `per_image` teachers of largest weight on each image (log
+    weights [K, N], any shift per image), 0 for the others; which were kept [K, N]; and the
+    weight left out on each image [N]."""
+    keep = torch.zeros(log_weights.shape, dtype=torch.bool)
+    keep.scatter_(0, log_weights.topk(min(per_image, len(nets)), dim=0).indices, True)
+    dropped = 1 - (torch.softmax(log_weights, 0) * keep).sum(0)
+    return kept_teacher_logits(nets, x, keep, device=device, flip=flip, amp=amp), keep, dropped
+
+
+def kept_teacher_logits(nets: list[nn.Module], x: torch.Tensor, keep: torch.Tensor, *,
+                        device: torch.device, flip: bool = False,
+                        amp: bool = False) -> torch.Tensor:
+    """f(x; theta_k) [K, N, C] where keep [K, N] is set, 0 elsewhere: each net runs on its
+    kept images only, so K teachers cost sum_k |keep_k| forwards, not K N."""
+    out = None
+    for k, net in enumerate(nets):
+        rows = keep[k].nonzero().squeeze(1)
+        if len(rows) == 0:
+            continue
+        with server_autocast(device, amp):
+            logits = predict_logits(net, x[rows], device=device, flip=flip)
+        if out is None:
+            out = torch.zeros((len(nets), len(x), logits.shape[-1]), dtype=logits.dtype)
+        out[k, rows] = logits.to(out.dtype)
+    if out is None:
+        raise ValueError("kept_teacher_logits: no teacher is kept for any image")
+    return out
+
+
 class PastTeachers:
     """theta_s of the last rounds, oldest first (`past-teachers`), and their logits. A past
     global model does not change while it stays a teacher, so its logits on an image (one

@@ -135,6 +135,20 @@ WEIGHTINGS: dict[str, WeightRule] = {
 }
 
 
+def unlabelled_rule(weighting: str | WeightRule, teachers_per_image: int = 0) -> WeightRule:
+    """FedGO's `weighting`: a rule of WEIGHTINGS that reads no label counts, or a function;
+    `teachers_per_image` (FedGO's) ranks the teachers by the odds, so it needs "odds"."""
+    if teachers_per_image < 0 or teachers_per_image and weighting not in ("odds", odds_weights):
+        raise ValueError(f"teachers_per_image is {teachers_per_image} with weighting "
+                         f"{weighting!r}; allowed: 0, or >= 1 with weighting 'odds'")
+    if not isinstance(weighting, str):
+        return weighting
+    if weighting not in WEIGHTINGS or weighting.startswith("class-count"):
+        raise ValueError(f"weighting {weighting!r}; allowed: " + ", ".join(
+            w for w in WEIGHTINGS if not w.startswith("class-count")))
+    return WEIGHTINGS[weighting]
+
+
 # Rules that read the discriminators' log-odds; the others ignore them.
 NEEDS_DISCRIMINATORS = ("odds", "odds-unsquashed", "domain-aware")
 # Rules that read the clients' label counts [K, C] (sent once, at discovery).

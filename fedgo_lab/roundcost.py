@@ -11,7 +11,8 @@ Settings: conf/fmnist-fair.toml with 1 local epoch, diagnostics off, K = 20 part
 seed 0, then --config. A strategy name is a run-config `strategy`, `fedgo-cal`
 (conf/fedgo-calibrated.toml) or `best-row` (conf/best-row.toml). Prints, per strategy, the pre-FL stage and the mean
 seconds per round of each stage (rounds 2.. when there are several: round 1 pays one-off
-costs), and each round's total against FedAvg's.
+costs), and each round's total against FedAvg's. A name may carry keys of its own after "+",
+e.g. `best-row+teachers-per-image=8+ensemble-test=false`: the same strategy with them.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import time
 import tomllib
 from pathlib import Path
 
-from fedgo_lab.cli import add_config_flag, config_from
+from fedgo_lab.cli import add_config_flag, config_from, config_values
 from fedgo_lab.perf import STAGES
 
 REPO = Path(__file__).resolve().parent.parent
@@ -34,6 +35,7 @@ PRE_FL = ("generator_training", "discriminator_training", "odds")
 
 def settings(name: str) -> dict:
     fair = tomllib.loads((REPO / "conf" / "fmnist-fair.toml").read_text())
+    name = name.split("+")[0]
     preset = (tomllib.loads(PRESETS[name].read_text()) if name in PRESETS
               else {"strategy": name})
     return {**fair, "local-epochs": 1, "diagnostics": False, "alpha": 0.1, "seed": 0,
@@ -76,8 +78,10 @@ def main(argv: list[str] | None = None) -> None:
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.strategies:
+            own = config_values(parser, name.split("+")[1:])
             cfg = config_from(parser, args.config, under=settings(name), over={
-                "num-server-rounds": args.rounds, "results-dir": tmp, "run-name": name})
+                **own, "num-server-rounds": args.rounds, "results-dir": tmp,
+                "run-name": name.split("+")[0]})
             print(f"[roundcost] {name}: {args.rounds} rounds ...", flush=True)
             results[name] = measure(cfg, args.partitions)
     print(f"\n# round cost: torch threads {torch.get_num_threads()}, {args.rounds} rounds, "

@@ -276,3 +276,33 @@ def test_the_lasting_options_reach_the_librarys_distillation():
         FedDF(unlabeled_data=U, model_fn=UserNet, distill_budget="half")
     with pytest.raises(ValueError, match=r"confidence_threshold is 1.5; allowed: \[0, 1\)"):
         FedDF(unlabeled_data=U, model_fn=UserNet, confidence_threshold=1.5)
+
+
+def test_teachers_per_image_labels_each_image_by_its_top_odds_teachers():
+    """teachers_per_image = 1: each image's pseudo-label is the prediction of the one teacher
+    of largest n_k Phi_k(u), as eq. (9) ranks them from the odds, and the weight the others
+    held is reported; at K or more it is the paper's ensemble, unchanged."""
+    reports = []
+    top = FedGO(unlabeled_data=U, model_fn=UserNet, teachers_per_image=1,
+                ensemble_space="probabilities", observers=[reports.append], **SMALL, **SMALL_GAN)
+    _, result = run(top, rounds=1)
+    report = reports[-1]
+    teachers, nets, targets = (report.details[k] for k in ("teachers", "nets", "targets"))
+    n_k = torch.tensor([float(m.num_examples) for m in teachers])
+    log_w = torch.stack([top.log_odds[m.key][0] for m in teachers]) + n_k.log()[:, None]
+    labelled = (~targets[0, :, 0].isnan()).nonzero().squeeze(1)
+    assert len(labelled) == len(U)
+    best = log_w.argmax(0)
+    with torch.no_grad():
+        expected = torch.cat([F.softmax(nets[k].eval()(U[i:i + 1]), -1)
+                              for i, k in enumerate(best.tolist())])
+    torch.testing.assert_close(targets[0], expected, rtol=1e-4, atol=1e-5)
+    dropped = 1 - torch.softmax(log_w, 0).max(0).values.mean().item()
+    assert result.train_metrics_clientapp[1]["dropped-weight"] == pytest.approx(dropped, abs=1e-5)
+    assert 0 < dropped < 1
+    runs = [run(FedGO(unlabeled_data=U, model_fn=UserNet, **SMALL, **SMALL_GAN, **extra),
+                rounds=1)[1].arrays.to_torch_state_dict()
+            for extra in ({}, {"teachers_per_image": NODES})]
+    assert all(torch.equal(runs[0][k], runs[1][k]) for k in runs[0])
+    with pytest.raises(ValueError, match="teachers_per_image is 2 with weighting 'uniform'"):
+        FedGO(unlabeled_data=U, model_fn=UserNet, weighting="uniform", teachers_per_image=2)

@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from fedgo_flwr.models import Discriminator, create_classifier
-from fedgo_flwr.teachers import PastTeachers, teacher_logits
+from fedgo_flwr.teachers import PastTeachers, teacher_logits, top_teacher_logits
 from fedgo_flwr.train import predict_logits
 from fedgo_flwr.weighting import odds_weights
 from fedgo_lab.perf import cached_distill, max_difference, naive_distill
@@ -170,3 +170,24 @@ def test_a_model_that_views_a_convolution_output_is_told_how_to_run_channels_las
     with pytest.raises(RuntimeError, match=r"Viewing cannot run in the channels-last .*flatten"):
         predict_logits(net, x, device=torch.device("cpu"))
     assert net.conv.weight.is_contiguous()  # handed back as it came
+
+
+def test_top_teachers_run_each_net_only_on_the_images_it_keeps():
+    """Hand case: 3 teachers, 4 images, 2 a image by the log weights below; each net's logits
+    are its own where kept and 0 elsewhere, and the weight left out is the softmax's third."""
+    torch.manual_seed(0)
+    nets = [create_classifier("cnn", 1, 10, 28).eval() for _ in range(3)]
+    x = torch.randint(0, 256, (4, 1, 28, 28), dtype=torch.uint8)
+    log_w = torch.tensor([[0.0, 2.0, 1.0, -5.0],
+                          [1.0, 1.0, 0.0, 0.0],
+                          [2.0, 0.0, 3.0, 0.0]])
+    logits, keep, dropped = top_teacher_logits(nets, x, log_w, 2, device=CPU)
+    assert keep.tolist() == [[False, True, True, False], [True, True, False, True],
+                             [True, False, True, True]]
+    full = teacher_logits(nets, x, device=CPU)
+    torch.testing.assert_close(logits[keep], full[keep], rtol=1e-5, atol=1e-5)
+    assert torch.equal(logits[~keep], torch.zeros_like(logits[~keep]))
+    torch.testing.assert_close(dropped, torch.softmax(log_w, 0).min(0).values)
+    everything, keep, none = top_teacher_logits(nets, x, log_w, 5, device=CPU)
+    assert keep.all() and torch.allclose(none, torch.zeros(4), atol=1e-6)
+    torch.testing.assert_close(everything, full, rtol=1e-5, atol=1e-5)

@@ -39,6 +39,7 @@ def fedgo_keywords(cfg) -> dict:
                 calibration_fraction=cfg.calibration_fraction if cfg.calibrated_odds else 0.0,
                 discriminator_negatives=cfg.discriminator_negatives,
                 server_sample_size=cfg.server_sample_size,
+                teachers_per_image=cfg.teachers_per_image,
                 odds_screen=(cfg.discriminator_screen_z if cfg.discriminator_screen == "odds"
                              else None))
 
@@ -134,4 +135,5 @@ FEDGO = StrategySpec("fedgo", FedGOApp, {**ENSEMBLE_CLIENT, TRAIN_DISCRIMINATOR:
                      marks=(("weighting", "odds", "{}"), ("odds-beta", 1.0, "beta={:g}"),
                             ("discriminator-negatives", "generator", "D vs {}"),
                             ("discriminator-calibration", "none", "{}"),
-                            ("discriminator-screen", "none", "{} screen"), *MARKS))
+                            ("discriminator-screen", "none", "{} screen"),
+                            ("teachers-per-image", 0, "top {} teachers"), *MARKS))

@@ -5,9 +5,9 @@ FedAvg's average is distilled toward the ensemble weighted by the odds
 
     w_k(u) = n_k Phi_k(u) / sum_i n_i Phi_i(u),   Phi_k = D_k / (1 - D_k),
 
-computed once on U since D_k never changes. A node seen first after the pre-FL stage, or whose
-D_k comes after the stage's wait, gets G at the next round's start; its D_k joins the odds
-when it arrives. Until then its model is averaged but does not teach."""
+computed once on U since D_k never changes. A node seen first after the pre-FL stage gets G at
+the next round's start; a late D_k joins the odds when it arrives (till then, its client's
+model is averaged but does not teach)."""
 
 from __future__ import annotations
 
@@ -26,15 +26,17 @@ from torch import nn
 
 from fedgo_flwr.checks import check_discriminator, check_generator, check_unit_range
 from fedgo_flwr.gan import (LIBRARY, NEGATIVES, OWN, SERVER_SAMPLE, calibrate_discriminator,
-                            hold_out, log_odds, received_discriminator, received_negatives,
-                            server_sample, train_discriminator, wgan_generator)
+                            calibration_problem, hold_out, log_odds, received_discriminator,
+                            received_negatives, server_sample, train_discriminator,
+                            wgan_generator)
 from fedgo_flwr.inputs import images_of
 from fedgo_flwr.models import Discriminator, Generator
-from fedgo_flwr.defences import screen_odds
+from fedgo_flwr.defences import screened
 from fedgo_flwr.replies import examples_problem, payload_bytes, state_problem
 from fedgo_flwr.strategies.base import ClientModel, RoundReport, message_seed
 from fedgo_flwr.strategies.ensemble import EnsembleDistillation
-from fedgo_flwr.weighting import WEIGHTINGS
+from fedgo_flwr.teachers import top_teacher_logits
+from fedgo_flwr.weighting import unlabelled_rule
 
 TRAIN_DISCRIMINATOR = "train.discriminator"  # the pre-FL stage's message type
 POLL_SECONDS = 0.5
@@ -83,11 +85,14 @@ class FedGO(EnsembleDistillation):
         on U are saturated, constant, or more than this many robust z-scores from the
         others' (fedgo_flwr.defences.screen_odds); its client still trains. None keeps
         every D_k. With the screen on, late discriminators are not taken.
+    teachers_per_image : int (default: 0)
+        Not in the paper: above 0, only this many teachers of largest w_k(u) (known from the
+        odds before any classifier runs) label an image, the rest weighted 0 (metric
+        "dropped-weight": the weight left out); 0: all, the paper. Needs weighting "odds".
 
-    Each pre-FL stage (and each discriminator that joins later) is given to the
-    `observers` as a `RoundReport` of round 0: `details` holds every usable D_k's metrics by
-    client key ("discriminators"), the failed and rejected replies with their reasons,
-    the missing clients, the screened ones and "joined_late".
+    Each pre-FL stage (and each D_k that joins later) goes to the `observers` as a
+    `RoundReport` of round 0: `details` holds the usable D_k's metrics by client key
+    ("discriminators"), the failed and rejected replies, "missing", "screened", "joined_late".
     """
 
     def __init__(self, *, unlabeled_data, model_fn, weighting="odds", generator=None,
@@ -98,14 +103,10 @@ class FedGO(EnsembleDistillation):
                  discriminator_fn: Callable[[], nn.Module] | None = None,
                  calibration_fraction: float = 0.0, discriminator_negatives: str = "generator",
                  server_sample_size: int = 1000, odds_screen: float | None = None,
-                 **kwargs) -> None:
-        if isinstance(weighting, str):
-            if weighting not in WEIGHTINGS or weighting.startswith("class-count"):
-                raise ValueError(f"weighting {weighting!r}; allowed: " + ", ".join(
-                    w for w in WEIGHTINGS if not w.startswith("class-count")))
-            weighting = WEIGHTINGS[weighting]
+                 teachers_per_image: int = 0, **kwargs) -> None:
+        self.teachers_per_image, self.dropped = teachers_per_image, []  # and its weight left out
         super().__init__(unlabeled_data=unlabeled_data, model_fn=model_fn,
-                         weighting=weighting, **kwargs)
+                         weighting=unlabelled_rule(weighting, teachers_per_image), **kwargs)
         if generator is not None:
             check_generator(generator, self.u)
         elif discriminator_negatives == "generator":
@@ -116,9 +117,7 @@ class FedGO(EnsembleDistillation):
             raise ValueError(f"discriminator_negatives is {discriminator_negatives!r}; "
                              f"allowed: {', '.join(NEGATIVES)}")
         self.negatives, self.server_sample_size = discriminator_negatives, server_sample_size
-        self.odds_screen = odds_screen
-        self.generator = generator
-        self.odds_seconds = 0.0
+        self.odds_screen, self.generator, self.odds_seconds = odds_screen, generator, 0.0
         self.gan = dict(steps=generator_steps, latent_dim=latent_dim, width=generator_width,
                         critic_steps=critic_steps, gp_weight=gp_weight, lr=gan_lr,
                         batch_size=gan_batch_size)
@@ -130,14 +129,12 @@ class FedGO(EnsembleDistillation):
             "discriminator": LIBRARY if discriminator_fn is None else OWN})
         self.discriminator_fn = discriminator_fn or partial(
             Discriminator, self.u.shape[1], tuple(self.u.shape[2:]), discriminator_width)
-        discriminator = self.discriminator_fn()
-        check_discriminator(discriminator, self.u)
-        self.discriminator_template = discriminator.state_dict()
-        self.log_odds: dict = {}  # client key -> log Phi_k on U, [V, |U|]
-        self.discriminators: dict = {}  # client key -> (D_k, its calibration or None)
+        self.discriminator_template = check_discriminator(self.discriminator_fn(), self.u)
+        # client key -> log Phi_k on U [V, |U|]; client key -> (D_k, its calibration or None)
+        self.log_odds, self.discriminators = {}, {}
         self.round_odds: tuple[torch.Tensor | None, dict] = (None, {})
-        self.asked: set = set()  # client keys that were sent G
-        self.pending: dict[str, tuple[int, object]] = {}  # message id -> (node, key)
+        # client keys that were sent G; message id -> (node, key) of the replies awaited
+        self.asked, self.pending = set(), {}
         self.stage: RoundReport | None = None  # the pre-FL stage of this `start`
 
     # --- pre-FL stage
@@ -173,11 +170,8 @@ class FedGO(EnsembleDistillation):
     def screen(self, report: RoundReport) -> None:
         """`odds_screen`: D_k whose odds on U are saturated, constant or far from the rest
         leave the odds; their clients train on."""
-        keys = sorted(self.log_odds)
-        flagged = screen_odds(torch.stack([self.log_odds[k][0] for k in keys]),
-                              not self.discriminator_config["calibration-fraction"],
-                              self.odds_screen)
-        report.details["screened"] = {keys[row]: why for row, why in flagged.items()}
+        report.details["screened"] = screened(
+            self.log_odds, not self.discriminator_config["calibration-fraction"], self.odds_screen)
         for key, why in report.details["screened"].items():
             log(WARNING, "pre-FL: the discriminator of client %s leaves the odds: %s", key, why)
             del self.log_odds[key], self.discriminators[key]
@@ -260,10 +254,7 @@ class FedGO(EnsembleDistillation):
                or examples_problem(metrics, "num-examples"))
         if why or not self.discriminator_config["calibration-fraction"]:
             return why
-        a, b = metrics.get("odds-scale"), metrics.get("odds-shift")
-        if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in (a, b)) or a <= 0:
-            return f"calibration (odds-scale, odds-shift) is ({a}, {b}); expected a > 0, b finite"
-        return None
+        return calibration_problem(metrics)
 
     def odds_on_u(self, key, reply: Message) -> torch.Tensor:
         """log Phi_k on every view of U, [V, |U|] (D_k kept for other distillation sets)."""
@@ -311,15 +302,24 @@ class FedGO(EnsembleDistillation):
         return [m for m in models if m.key in self.log_odds]
 
     def server_update(self, server_round, averaged, models, report):
-        self.odds_seconds = 0.0
+        self.odds_seconds, self.dropped = 0.0, []
         arrays, info = super().server_update(server_round, averaged, models, report)
         if self.odds_seconds:  # a set of `distillation_sets` scored by the D_k
             report.seconds["odds"] = self.odds_seconds
+        if self.dropped:  # teachers_per_image's weight left out, mean over images
+            info["dropped-weight"] = torch.cat(self.dropped).mean().item()
         return arrays, {**info, "discriminators": len(self.log_odds)}
 
     def scores(self, teachers, nets, u, samples, view):
-        logits, _ = super().scores(teachers, nets, u, samples, view)
-        return logits, torch.stack([self.odds(m.key, u)[view, samples] for m in teachers])
+        log_odds = torch.stack([self.odds(m.key, u)[view, samples] for m in teachers])
+        if not 0 < self.teachers_per_image < len(teachers):
+            return super().scores(teachers, nets, u, samples, view)[0], log_odds
+        n_k = torch.tensor([float(m.num_examples) for m in teachers])
+        logits, keep, dropped = top_teacher_logits(  # eq. (9)'s largest weights
+            nets, u[samples], log_odds + n_k.log()[:, None], self.teachers_per_image,
+            device=self.device, flip=view == 1, amp=self.device.type == "cuda")
+        self.dropped.append(dropped)
+        return logits, log_odds.masked_fill(~keep, -math.inf)
 
 
 # ---------------------------------------------------------------------------- client side
