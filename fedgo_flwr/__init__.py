@@ -8,8 +8,8 @@ app can use as it uses Flower's `FedAvg`, and the client steps they need (fedgo_
 """
 
 from fedgo_flwr.strategies import (SCAFFOLD, DaFKD, EnsembleDistillation, FedBPG, FedDF,
-                                   FedDisco, FedGen, FedGKD, FedGO, FedUV)
+                                   FedDisco, FedGen, FedGKD, FedGO, FedTGP, FedUV)
 
 __version__ = "0.2.0"
 __all__ = ["DaFKD", "EnsembleDistillation", "FedBPG", "FedDF", "FedDisco", "FedGKD", "FedGO",
-           "FedGen", "FedUV", "SCAFFOLD", "__version__"]
+           "FedGen", "FedTGP", "FedUV", "SCAFFOLD", "__version__"]

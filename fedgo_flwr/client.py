@@ -5,7 +5,8 @@ A FedDF client trains as FedAvg's does (Flower's own `train` handler); a client 
 `FedProx` adds `proximal_term` to its loss. FedGO's server sends message type
 `train.discriminator` once (Algorithm 3); DaFKD's sends `train.dafkd` instead of `train`
 every round, FedGen's `train.fedgen`, FedGKD's `train.fedgkd`, FedUV's `train.feduv`,
-SCAFFOLD's `train.scaffold` (the clients' control variates kept in `context.state`),
+FedTGP's `train.fedtgp`, SCAFFOLD's `train.scaffold` (the clients' control variates kept in
+`context.state`),
 FedBPG's `train.fedbpg` and, for its clients' personal models, `evaluate.fedbpg` instead of
 `evaluate`; FedDisco asks each client once `query.label_counts`. The distillation guard's
 `ClientsGuard` sends `evaluate.candidates`; `client_key="partition-id"` sends
@@ -26,6 +27,7 @@ from fedgo_flwr.seeds import client_seed
 from fedgo_flwr.strategies.dafkd import TRAIN_DAFKD, domain_aware_update
 from fedgo_flwr.strategies.feddisco import QUERY_LABEL_COUNTS, label_counts_reply
 from fedgo_flwr.strategies.fedgkd import TRAIN_FEDGKD, historical_update
+from fedgo_flwr.strategies.fedtgp import TRAIN_FEDTGP, prototype_update
 from fedgo_flwr.strategies.feduv import TRAIN_FEDUV, uniform_variance_update
 from fedgo_flwr.strategies.fedbpg import (EVALUATE_FEDBPG, TRAIN_FEDBPG, personalised_evaluate,
                                           personalised_update)
@@ -129,5 +131,6 @@ def client_handlers(model_fn: Callable[[], nn.Module], data_fn: Callable[[Contex
             TRAIN_SCAFFOLD: trains(controlled_update, state=True),
             TRAIN_FEDGKD: trains(historical_update),
             TRAIN_FEDUV: trains(uniform_variance_update),
+            TRAIN_FEDTGP: trains(prototype_update),
             TRAIN_FEDBPG: trains(personalised_update, state=True, seeded=False),
             EVALUATE_FEDBPG: fedbpg_evaluate}

@@ -105,7 +105,7 @@ def minibatch_descent(opt: torch.optim.Optimizer, n: int, *, epochs: int, batch_
 def train_classifier(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int,
                      batch_size: int, lr: float, flip: bool, seed: int, device: torch.device,
                      extra_loss: Callable[[nn.Module], torch.Tensor] | None = None,
-                     batch_term: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+                     batch_term: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
                      | None = None,
                      crop: int = 0, optimizer: str = "adam", momentum: float = 0.9,
                      channels_last_format: bool = True) -> dict[str, float]:
@@ -115,17 +115,17 @@ def train_classifier(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epoc
     the same result up to float noise: python -m fedgo_lab.throughput) and is handed back in
     the contiguous one.
     `extra_loss(model)`, a strategy's term of the local objective (FedProx's proximal term),
-    is added to every minibatch's loss, and so is `batch_term(inputs, logits)`, a term of the
-    minibatch itself (FedGKD's distillation from a teacher on the same inputs)."""
+    is added to every minibatch's loss, and so is `batch_term(inputs, logits, labels)`, a term
+    of the minibatch itself (FedGKD's distillation from a teacher on the same inputs)."""
     start = time.perf_counter()
     gen = torch.Generator().manual_seed(seed)
 
     def batch_loss(idx: torch.Tensor) -> torch.Tensor:
         xb = augment(to_unit_range(x[idx]).to(device), gen, flip=flip, crop=crop)
-        logits = model(xb)
-        loss = F.cross_entropy(logits, y[idx].to(device))
+        logits, yb = model(xb), y[idx].to(device)
+        loss = F.cross_entropy(logits, yb)
         if batch_term is not None:
-            loss = loss + batch_term(xb, logits)
+            loss = loss + batch_term(xb, logits, yb)
         return loss if extra_loss is None else loss + extra_loss(model)
 
     with channels_last(model.train(), device, channels_last_format):

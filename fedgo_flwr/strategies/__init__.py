@@ -9,6 +9,7 @@ from fedgo_flwr.strategies.fedbpg import FedBPG
 from fedgo_flwr.strategies.feddf import FedDF
 from fedgo_flwr.strategies.feddisco import FedDisco
 from fedgo_flwr.strategies.fedgkd import FedGKD
+from fedgo_flwr.strategies.fedtgp import FedTGP
 from fedgo_flwr.strategies.feduv import FedUV
 from fedgo_flwr.strategies.fedgen import FedGen
 from fedgo_flwr.strategies.fedgo import FedGO
@@ -16,5 +17,4 @@ from fedgo_flwr.strategies.label_counts import LabelCountFedAvg
 from fedgo_flwr.strategies.scaffold import SCAFFOLD
 
 __all__ = ["DaFKD", "EnsembleDistillation", "FedBPG", "FedDF", "FedDisco", "FedGKD", "FedGO",
-           "FedGen", "FedUV",
-           "LabelCountFedAvg", "SCAFFOLD", "ServerUpdateFedAvg"]
+           "FedGen", "FedTGP", "FedUV", "LabelCountFedAvg", "SCAFFOLD", "ServerUpdateFedAvg"]

@@ -105,7 +105,7 @@ def historical_update(message: Message, model: nn.Module, data, *,
     teacher.to(device).eval()
     tau, gamma = float(conf["kd-temperature"]), float(conf["kd-weight"])
 
-    def distillation(inputs: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    def distillation(inputs: torch.Tensor, logits: torch.Tensor, _: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
             target = F.softmax(teacher(inputs) / tau, dim=1)
         return gamma / 2 * F.kl_div(F.log_softmax(logits / tau, dim=1), target,

@@ -49,6 +49,15 @@ def uniformity_term(z: torch.Tensor) -> torch.Tensor:
     return d2.mul(-1 / nonzero.median()).exp().mean()
 
 
+def needs_encoder(model_fn, why: str) -> None:
+    """A TypeError saying `why` unless model_fn's model has features and head."""
+    with torch.random.fork_rng(devices=[]):
+        model = model_fn()
+    if missing := [a for a in ("features", "head") if not callable(getattr(model, a, None))]:
+        raise TypeError(f"{why}: model_fn's model lacks {', '.join(missing)} (features(x) -> "
+                        "z, head(z) -> logits, forward = head(features(x)))")
+
+
 class Encoded(nn.Module):
     """The user's model as features then head, keeping the minibatch's z for the terms."""
 
@@ -85,12 +94,7 @@ class FedUV(ServerUpdateFedAvg):
     def __init__(self, *, model_fn, variance_weight: float = 2.5,
                  uniformity_weight: float = 0.5, **kwargs) -> None:
         super().__init__(model_fn=model_fn, **kwargs)
-        with torch.random.fork_rng(devices=[]):
-            model = model_fn()
-        if missing := [a for a in ("features", "head") if not callable(getattr(model, a, None))]:
-            raise TypeError(f"FedUV regularises the model's encoder and classifier: model_fn's "
-                            f"model lacks {', '.join(missing)} (features(x) -> z, head(z) -> "
-                            "logits, forward = head(features(x)))")
+        needs_encoder(model_fn, "FedUV regularises the model's encoder and classifier")
         if variance_weight < 0 or uniformity_weight < 0:
             raise ValueError(f"variance_weight and uniformity_weight must be >= 0; got "
                              f"{variance_weight}, {uniformity_weight}")
@@ -119,7 +123,7 @@ def uniform_variance_update(message: Message, model: nn.Module, data, *,
     encoded = Encoded(model)
     alpha, lam = float(conf["variance-weight"]), float(conf["uniformity-weight"])
 
-    def regularisers(_: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    def regularisers(_: torch.Tensor, logits: torch.Tensor, __: torch.Tensor) -> torch.Tensor:
         if len(logits) < 2:
             return logits.sum() * 0.0
         return alpha * variance_term(logits) + lam * uniformity_term(encoded.z)

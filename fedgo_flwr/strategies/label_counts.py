@@ -115,8 +115,7 @@ class LabelCountFedAvg(ServerUpdateFedAvg):
 def train_as_configured(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
                         conf: ConfigRecord, *, seed: int, device: torch.device,
                         extra_loss: Callable[[nn.Module], torch.Tensor] | None = None,
-                        batch_term: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-                        | None = None) -> dict[str, float]:
+                        batch_term: Callable[..., torch.Tensor] | None = None) -> dict[str, float]:
     """ClientUpdate: `model` trained on (x, y) with the config's "local-epochs", "batch-size",
     "lr", "flip", "random-crop", "optimizer" and "momentum" (TRAINING's values where
     absent), `extra_loss(model)` added to every minibatch's loss."""
