@@ -108,7 +108,8 @@ def train_classifier(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epoc
                      batch_term: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
                      | None = None,
                      crop: int = 0, optimizer: str = "adam", momentum: float = 0.9,
-                     channels_last_format: bool = True) -> dict[str, float]:
+                     channels_last_format: bool = True,
+                     after_step: Callable[[], None] | None = None) -> dict[str, float]:
     """Adam (or SGD, see classifier_optimizer) on cross-entropy for `epochs` passes over
     (x, y); x is uint8 images, augmented (batches.augment) by `crop` and `flip`. The model
     trains in the channels-last memory format (1.3x the images/s of the CNN on one CPU thread,
@@ -116,7 +117,8 @@ def train_classifier(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epoc
     the contiguous one.
     `extra_loss(model)`, a strategy's term of the local objective (FedProx's proximal term),
     is added to every minibatch's loss, and so is `batch_term(inputs, logits, labels)`, a term
-    of the minibatch itself (FedGKD's distillation from a teacher on the same inputs)."""
+    of the minibatch itself (FedGKD's distillation from a teacher on the same inputs);
+    `after_step()` runs after every optimiser step (SCAFFOLD's correction)."""
     start = time.perf_counter()
     gen = torch.Generator().manual_seed(seed)
 
@@ -130,6 +132,8 @@ def train_classifier(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epoc
 
     with channels_last(model.train(), device, channels_last_format):
         opt = classifier_optimizer(model.parameters(), lr, optimizer, momentum)
+        if after_step is not None:
+            opt.register_step_post_hook(lambda *_: after_step())
         loss = minibatch_descent(opt, len(y), epochs=epochs, batch_size=batch_size, gen=gen,
                                  batch_loss=batch_loss)
     return {"train-loss": loss, "train-seconds": time.perf_counter() - start}

@@ -17,7 +17,7 @@ def test_run_config_round_trip_and_int_for_float():
 
 
 @pytest.mark.parametrize("key,value,needle", [
-    ("strategy", "fedsgd", "allowed: dafkd, fedavg, fedbpg, feddf, fedgen, fedgo, fedprox"),
+    ("strategy", "fedsgd", "allowed: dafkd, fedavg, fedbpg, feddf, feddisco, fedgen, fedgkd, fedgo, fedprox, fedtgp, feduv, scaffold"),
     ("weighting", "magic", "allowed: class-count, domain-aware, entropy, odds, odds-unsquashed, uniform, variance"),
     ("entropy-tau", 0.0, "'entropy-tau' is 0.0; allowed: > 0"),
     ("server-device", "tpu", "allowed: auto, cpu, cuda"),

@@ -164,7 +164,7 @@ def test_fedprox_over_fedgo_keeps_fedgos_pre_fl_stage_and_options(tiny_config, o
 @pytest.mark.parametrize("key, value, message", [
     ("fedprox-mu", 0.0, "is 0.0; allowed: > 0"),
     ("fedprox-base", "fedprox", "allowed: fedavg"),
-    ("fedprox-base", "nope", "allowed: fedavg, feddf, fedgo"),
+    ("fedprox-base", "nope", "allowed: fedavg, feddf, feddisco, fedgo"),
 ])
 def test_fedprox_keys_are_validated(key, value, message):
     with pytest.raises(ConfigError, match=message):

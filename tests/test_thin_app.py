@@ -21,6 +21,8 @@ APP_STRATEGIES = sorted((ROOT / "fedgo_app" / "strategies").glob("*.py"))
 # The library's strategy each registered method must subclass (FedAvg and FedProx: its base).
 LIBRARY = {"fedgo": fedgo_flwr.FedGO, "feddf": fedgo_flwr.FedDF, "dafkd": fedgo_flwr.DaFKD,
            "fedgen": fedgo_flwr.FedGen, "fedbpg": fedgo_flwr.FedBPG,
+           "scaffold": fedgo_flwr.SCAFFOLD, "feddisco": fedgo_flwr.FedDisco,
+           "feduv": fedgo_flwr.FedUV, "fedgkd": fedgo_flwr.FedGKD, "fedtgp": fedgo_flwr.FedTGP,
            "fedavg": ServerUpdateFedAvg}
 
 # What an algorithm of its own would call: a training step, the library's labelling and

@@ -5,10 +5,15 @@ from fedgo_app.strategies.base import FEDAVG, FedAvgStrategy, RoundGrid, ServerS
 from fedgo_app.strategies.dafkd import DAFKD
 from fedgo_app.strategies.fedbpg import FEDBPG
 from fedgo_app.strategies.feddf import FEDDF, FedDFApp
+from fedgo_app.strategies.feddisco import FEDDISCO
 from fedgo_app.strategies.fedgen import FEDGEN
+from fedgo_app.strategies.fedgkd import FEDGKD
 from fedgo_app.strategies.fedgo import FEDGO, FedGOApp
 from fedgo_app.strategies.fedprox import FEDPROX
+from fedgo_app.strategies.fedtgp import FEDTGP
+from fedgo_app.strategies.feduv import FEDUV
 from fedgo_app.strategies.registry import Registry, StrategySpec
+from fedgo_app.strategies.scaffold import SCAFFOLD
 
 STRATEGIES = Registry()
 for spec in (
@@ -19,6 +24,11 @@ for spec in (
     FEDGEN,
     DAFKD,
     FEDBPG,
+    SCAFFOLD,
+    FEDDISCO,
+    FEDUV,
+    FEDGKD,
+    FEDTGP,
 ):
     STRATEGIES.register(spec)
 

@@ -119,13 +119,19 @@ class FedDisco(ServerUpdateFedAvg):
         models = super().client_models(server_round, replies)
         if not models or any(m.key not in self.counts for m in models):
             return models
-        counts = torch.tensor([self.counts[m.key] for m in models], dtype=torch.float32)
-        n = torch.tensor([m.num_examples for m in models], dtype=torch.float32)
-        p = disco_weights(n, discrepancies(counts, self.target, self.metric), self.a, self.b)
+        p = self.weights_of([self.counts[m.key] for m in models],
+                            [m.num_examples for m in models])
         for m, w in zip(models, p.tolist()):
             metrics = next(iter(m.content.metric_records.values()))
             metrics[self.weighted_by_key] = w
         return models
+
+
+    def weights_of(self, counts, num_examples) -> torch.Tensor:
+        """p_k of the round's clients from their label counts c_k [K, C] and n_k [K]."""
+        counts = torch.as_tensor(counts, dtype=torch.float32)
+        n = torch.as_tensor(num_examples, dtype=torch.float32)
+        return disco_weights(n, discrepancies(counts, self.target, self.metric), self.a, self.b)
 
 
 # ---------------------------------------------------------------------------- client side

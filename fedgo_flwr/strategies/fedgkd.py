@@ -81,10 +81,13 @@ class FedGKD(FedDF):
                         grid: Grid):
         """FedAvg's sampling; the round's model joins the buffer, whose average each message
         carries, as message type train.fedgkd."""
-        self.buffer.append(arrays.to_torch_state_dict())
-        historical = ArrayRecord(buffer_average(list(self.buffer)))
         return retyped(super().configure_train(server_round, arrays, config, grid),
-                       TRAIN_FEDGKD, {HISTORICAL: historical}, self.kd, self.configrecord_key)
+                       TRAIN_FEDGKD, self.historical(arrays), self.kd, self.configrecord_key)
+
+    def historical(self, arrays: ArrayRecord) -> dict[str, ArrayRecord]:
+        """The round's model into the buffer; the buffer's average, as a message carries it."""
+        self.buffer.append(arrays.to_torch_state_dict())
+        return {HISTORICAL: ArrayRecord(buffer_average(list(self.buffer)))}
 
 
 # ---------------------------------------------------------------------------- client side

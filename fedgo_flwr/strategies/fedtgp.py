@@ -115,6 +115,8 @@ class FedTGP(ServerUpdateFedAvg):
         TGP's training each round (App. E.2).
     hidden_dim : int | None (default: None)
         TGP's hidden width; None is the prototypes' width.
+    feature_dim : int | None (default: None)
+        D, the width of features(x); None: read from the first prototypes that come.
     seed, device, aggregate_fn, client_key, num_examples_fn, observers, max_failed_rounds
         As in `ServerUpdateFedAvg`, and every keyword Flower's `FedAvg` takes.
 
@@ -127,7 +129,8 @@ class FedTGP(ServerUpdateFedAvg):
     def __init__(self, *, model_fn, num_classes: int, prototype_weight: float = 0.001,
                  margin_threshold: float = 100.0, server_epochs: int = 1000,
                  server_batch_size: int = 10, server_lr: float = 0.005,
-                 hidden_dim: int | None = None, **kwargs) -> None:
+                 hidden_dim: int | None = None, feature_dim: int | None = None,
+                 **kwargs) -> None:
         super().__init__(model_fn=model_fn, **kwargs)
         needs_encoder(model_fn, "FedTGP pulls the model's representations toward prototypes")
         if num_classes < 2 or prototype_weight < 0 or margin_threshold < 0 or \
@@ -141,27 +144,37 @@ class FedTGP(ServerUpdateFedAvg):
         self.lam, self.tau = float(prototype_weight), float(margin_threshold)
         self.tgp_training = dict(epochs=server_epochs, batch_size=server_batch_size,
                                  lr=server_lr, tau=self.tau)
-        self.tgp: TrainablePrototypes | None = None  # built when the first prototypes come
+        # TGP, built when the first prototypes come unless D is given
+        self.tgp = self.build(feature_dim) if feature_dim else None
         self.known = torch.zeros(num_classes, dtype=torch.bool)  # classes with a prototype
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid):
         """FedAvg's messages as train.fedtgp, carrying P once there is one, and lambda."""
-        extra = {} if self.tgp is None else {GLOBAL: ArrayRecord({
-            "prototypes": self.tgp().detach(), "known": self.known.float()})}
         return retyped(super().configure_train(server_round, arrays, config, grid),
-                       TRAIN_FEDTGP, extra, {"prototype-weight": self.lam,
-                                             "num-classes": self.num_classes},
+                       TRAIN_FEDTGP, self.global_prototypes(), self.settings(),
                        self.configrecord_key)
+
+    def global_prototypes(self) -> dict[str, ArrayRecord]:
+        """What a train message carries: P and which classes have one, once there is one."""
+        if self.tgp is None or not self.known.any():
+            return {}
+        return {GLOBAL: ArrayRecord({"prototypes": self.tgp().detach(),
+                                     "known": self.known.float()})}
+
+    def settings(self) -> dict:
+        return {"prototype-weight": self.lam, "num-classes": self.num_classes}
 
     def extra_arrays(self, server_round: int) -> tuple[str, ...]:
         return (LOCAL,)
 
     def reply_problem(self, reply: Message, extras: tuple[str, ...] = ()) -> str | None:
-        """FedAvg's checks, and prototypes [C, D] with counts [C] >= 0."""
-        why = super().reply_problem(reply, extras)
-        if why or LOCAL not in extras:
-            return why
+        """FedAvg's checks, and the client's prototypes."""
+        return super().reply_problem(reply, extras) or (
+            self.prototypes_problem(reply) if LOCAL in extras else None)
+
+    def prototypes_problem(self, reply: Message) -> str | None:
+        """Why a reply's prototypes cannot be used: [C, D] finite, counts [C] >= 0."""
         local = reply.content.array_records[LOCAL].to_torch_state_dict()
         p, n = local.get("prototypes"), local.get("counts")
         if p is None or n is None or p.dim() != 2 or len(p) != self.num_classes or \
@@ -172,6 +185,12 @@ class FedTGP(ServerUpdateFedAvg):
         if self.tgp is not None and p.shape[1] != self.tgp.embedding.embedding_dim:
             return f"prototypes of width {p.shape[1]}; P has {self.tgp.embedding.embedding_dim}"
         return None
+
+    def build(self, dim: int) -> TrainablePrototypes:
+        """TGP for prototypes of width `dim`, initialised by the seed."""
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.seed)
+            return TrainablePrototypes(self.num_classes, dim, self.hidden_dim or dim)
 
     def server_update(self, server_round: int, averaged: ArrayRecord,
                       models: list[ClientModel], report: RoundReport
@@ -187,10 +206,7 @@ class FedTGP(ServerUpdateFedAvg):
         if not len(q):
             return averaged, {}
         if self.tgp is None:
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(self.seed)
-                self.tgp = TrainablePrototypes(self.num_classes, q.shape[1],
-                                               self.hidden_dim or q.shape[1])
+            self.tgp = self.build(q.shape[1])
         self.known[labels] = True
         generator = torch.Generator().manual_seed(self.seed * 100_003 + server_round)
         info = train_prototypes(self.tgp, q, labels, generator=generator, **self.tgp_training)

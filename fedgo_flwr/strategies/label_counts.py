@@ -115,7 +115,8 @@ class LabelCountFedAvg(ServerUpdateFedAvg):
 def train_as_configured(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
                         conf: ConfigRecord, *, seed: int, device: torch.device,
                         extra_loss: Callable[[nn.Module], torch.Tensor] | None = None,
-                        batch_term: Callable[..., torch.Tensor] | None = None) -> dict[str, float]:
+                        batch_term: Callable[..., torch.Tensor] | None = None,
+                        after_step: Callable[[], None] | None = None) -> dict[str, float]:
     """ClientUpdate: `model` trained on (x, y) with the config's "local-epochs", "batch-size",
     "lr", "flip", "random-crop", "optimizer" and "momentum" (TRAINING's values where
     absent), `extra_loss(model)` added to every minibatch's loss."""
@@ -125,7 +126,7 @@ def train_as_configured(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
                             flip=bool(s["flip"]), crop=int(s["random-crop"]),
                             optimizer=str(s["optimizer"]), momentum=float(s["momentum"]),
                             seed=seed, device=device, extra_loss=extra_loss,
-                            batch_term=batch_term)
+                            batch_term=batch_term, after_step=after_step)
 
 
 def trained_reply(message: Message, model: nn.Module, y: torch.Tensor, result: dict,

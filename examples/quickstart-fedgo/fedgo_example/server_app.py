@@ -1,7 +1,8 @@
 """The ServerApp: Flower's PyTorch quickstart with FedGO in place of FedAvg. To compare
-methods, change the import below to FedDF or DaFKD: nothing else changes. To run the
-README's best row (calibrated FedGO on FedProx's clients with the clients' guard, the
-disagreement budget and 3 past teachers), import BEST_ROW instead of AS_PUBLISHED."""
+methods, change the import below to FedDF, DaFKD or the FedGO paper's other baselines
+(SCAFFOLD, FedDisco, FedUV, FedGKD, FedTGP): nothing else changes. To run the README's best
+row (calibrated FedGO on FedProx's clients with the clients' guard, the disagreement budget
+and 3 past teachers), import BEST_ROW instead of AS_PUBLISHED."""
 
 import json
 from pathlib import Path
@@ -11,6 +12,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 
 from fedgo_example.task import Net, server_data, test
+from fedgo_flwr import EnsembleDistillation
 from fedgo_flwr import FedGO as Strategy
 from fedgo_flwr.presets import AS_PUBLISHED as PRESET
 
@@ -36,11 +38,14 @@ def training(cfg) -> dict:
 def main(grid: Grid, context: Context) -> None:
     cfg = context.run_config
     u, (test_x, test_y) = server_data(cfg)
-    strategy = Strategy(unlabeled_data=u, model_fn=Net, fraction_train=cfg["fraction-train"],
-                        fraction_evaluate=cfg["fraction-evaluate"],
-                        distill_epochs=cfg["distill-epochs"],
-                        distill_batch_size=cfg["distill-batch-size"],
-                        **own_settings(cfg, Strategy), **PRESET)
+    # The methods that distil on the server's unlabeled data (FedGO, FedDF, DaFKD, FedGKD)
+    # take U, the shared distillation budget and the preset; the others take none of them.
+    distilling = dict(unlabeled_data=u, distill_epochs=cfg["distill-epochs"],
+                      distill_batch_size=cfg["distill-batch-size"], **PRESET) if issubclass(
+        Strategy, EnsembleDistillation) else {}
+    strategy = Strategy(model_fn=Net, fraction_train=cfg["fraction-train"],
+                        fraction_evaluate=cfg["fraction-evaluate"], **distilling,
+                        **own_settings(cfg, Strategy))
 
     def central_evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
         model = Net()
@@ -56,7 +61,7 @@ def main(grid: Grid, context: Context) -> None:
     out.mkdir(parents=True, exist_ok=True)
     torch.save(result.arrays.to_torch_state_dict(), out / "final_model.pt")
     (out / "result.json").write_text(json.dumps({
-        "strategy": Strategy.__name__, "preset": sorted(PRESET),
+        "strategy": Strategy.__name__, "preset": sorted(PRESET) if distilling else [],
         "train": {t: dict(m) for t, m in result.train_metrics_clientapp.items()},
         "evaluate_clientapp": {t: dict(m) for t, m in result.evaluate_metrics_clientapp.items()},
         "evaluate_serverapp": {t: dict(m) for t, m in result.evaluate_metrics_serverapp.items()},

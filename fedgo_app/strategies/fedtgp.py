@@ -1,0 +1,80 @@
+"""FedTGP (Zhang et al., 2024) in the app: the library's FedTGP
+(fedgo_flwr.strategies.fedtgp). The clients add lambda MSE(z, P_y) to their cross-entropy
+once the server has prototypes, and send their class prototypes with their models; the
+server averages the models as FedAvg (the server model, as the FedGO paper scores it) and
+trains the global prototypes on the round's client prototypes with the adaptive-margin
+contrastive loss."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+
+from fedgo_app.client_context import Local, config_of
+from fedgo_app.server.record import RunRecord
+from fedgo_app.strategies.base import CLIENT, FedAvgStrategy, ServerSetup
+from fedgo_app.strategies.registry import StrategySpec
+from fedgo_flwr.keys import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, key
+from fedgo_flwr.seeds import client_seed
+from fedgo_flwr.strategies.fedtgp import LOCAL, prototype_update
+from fedgo_flwr.strategies.fedtgp import FedTGP as LibraryFedTGP
+
+
+@dataclass(frozen=True)
+class FedTGPKeys:
+    """Run-config keys fedtgp-*."""
+    prototype_weight: float = key(0.001, "lambda, the clients' prototype term's weight (App. "
+                                  "E.2)", NON_NEGATIVE)
+    margin_threshold: float = key(100.0, "tau, the adaptive margin's cap (App. E.2)",
+                                  NON_NEGATIVE)
+    server_epochs: int = key(1000, "passes of the global prototypes' training over the "
+                             "round's client prototypes (App. E.2)", NON_NEGATIVE)
+    server_batch_size: int = key(10, "their batch size (App. E.2)", AT_LEAST_ONE)
+    server_lr: float = key(0.005, "their SGD learning rate (App. E.2)", POSITIVE)
+
+
+class FedTGPApp(FedAvgStrategy, LibraryFedTGP):
+    """The library's FedTGP; the app sends P with its `train` messages."""
+    mixes_architectures = False  # one prototype width
+    carried = ("tgp", "known")
+
+    def __init__(self, setup: ServerSetup, record: RunRecord):
+        keys = setup.cfg.keys("fedtgp")
+        self.feature_dim = setup.latent_dim("fedtgp")  # refused without features and head
+        super().__init__(setup, record, num_classes=setup.num_classes,
+                         prototype_weight=keys.prototype_weight,
+                         margin_threshold=keys.margin_threshold,
+                         server_epochs=keys.server_epochs,
+                         server_batch_size=keys.server_batch_size, server_lr=keys.server_lr,
+                         feature_dim=self.feature_dim)
+
+    def train_content(self, server_round: int, arrays: ArrayRecord) -> RecordDict:
+        content = super().train_content(server_round, arrays)
+        for name, record in self.global_prototypes().items():
+            content[name] = record
+        return content
+
+    def train_config(self, server_round: int) -> ConfigRecord:
+        conf = super().train_config(server_round)
+        conf.update(self.settings())
+        return conf
+
+    def train_extras(self, server_round: int):
+        return {LOCAL: {"prototypes": torch.zeros(self.num_classes, self.feature_dim),
+                        "counts": torch.zeros(self.num_classes, dtype=torch.long)}}
+
+    def why_left_out(self, reply: Message, array_key: str, template, extras=None):
+        return super().why_left_out(reply, array_key, template, extras) or (
+            self.prototypes_problem(reply) if extras else None)
+
+
+def prototypes(message: Message, local: Local) -> Message:
+    """FedTGP's local step (fedgo_flwr's) on S_k."""
+    seed = client_seed(int(config_of(message)["seed"]), local.partition_id)
+    return prototype_update(message, local.classifier(message), (local.x, local.y),
+                            device=local.device, seed=seed)
+
+
+FEDTGP = StrategySpec("fedtgp", FedTGPApp, {**CLIENT, "train": prototypes}, keys=FedTGPKeys)

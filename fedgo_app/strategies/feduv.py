@@ -1,0 +1,53 @@
+"""FedUV (Son et al., 2024) in the app: the library's FedUV (fedgo_flwr.strategies.feduv).
+The clients add alpha times the classifier-variance term and lambda times the encoder-
+uniformity term to their cross-entropy on every minibatch; the server averages as FedAvg."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from flwr.app import ConfigRecord, Message
+
+from fedgo_app.client_context import Local, config_of
+from fedgo_app.server.record import RunRecord
+from fedgo_app.strategies.base import CLIENT, FedAvgStrategy, ServerSetup
+from fedgo_app.strategies.registry import StrategySpec
+from fedgo_flwr.keys import NON_NEGATIVE, key
+from fedgo_flwr.seeds import client_seed
+from fedgo_flwr.strategies.feduv import FedUV as LibraryFedUV
+from fedgo_flwr.strategies.feduv import uniform_variance_update
+
+
+@dataclass(frozen=True)
+class FedUVKeys:
+    """Run-config keys feduv-*."""
+    variance_weight: float = key(2.5, "alpha, the classifier variance term's weight (App. "
+                                 "E.2)", NON_NEGATIVE)
+    uniformity_weight: float = key(0.5, "lambda, the encoder uniformity term's weight (App. "
+                                   "E.2)", NON_NEGATIVE)
+
+
+class FedUVApp(FedAvgStrategy, LibraryFedUV):
+    """The library's FedUV; the app sends alpha and lambda in its train config."""
+    mixes_architectures = False
+
+    def __init__(self, setup: ServerSetup, record: RunRecord):
+        keys = setup.cfg.keys("feduv")
+        setup.latent_dim("feduv")  # a model without features and head is refused, saying why
+        super().__init__(setup, record, variance_weight=keys.variance_weight,
+                         uniformity_weight=keys.uniformity_weight)
+
+    def train_config(self, server_round: int) -> ConfigRecord:
+        conf = super().train_config(server_round)
+        conf.update(self.weights)
+        return conf
+
+
+def uniform_variance(message: Message, local: Local) -> Message:
+    """FedUV's local step (fedgo_flwr's) on S_k."""
+    seed = client_seed(int(config_of(message)["seed"]), local.partition_id)
+    return uniform_variance_update(message, local.classifier(message), (local.x, local.y),
+                                   device=local.device, seed=seed)
+
+
+FEDUV = StrategySpec("feduv", FedUVApp, {**CLIENT, "train": uniform_variance}, keys=FedUVKeys)
