@@ -18,7 +18,7 @@ from flwr.clientapp import ClientApp
 from torch import nn
 
 from fedgo_flwr import (SCAFFOLD, DaFKD, FedBPG, FedDF, FedDisco, FedGen, FedGKD, FedGO,
-                        FedUV)
+                        FedTGP, FedUV)
 from fedgo_flwr.client import register
 from fedgo_flwr.models import Critic, Discriminator, Generator
 from fedgo_flwr.presets import AS_PUBLISHED, BEST_ROW
@@ -322,7 +322,8 @@ def test_the_guides_table_of_what_each_method_asks_is_true():
               "SCAFFOLD": lambda m: SCAFFOLD(model_fn=m),
               "FedDisco": lambda m: FedDisco(model_fn=m, num_classes=CLASSES),
               "FedGKD": lambda m: FedGKD(unlabeled_data=u, model_fn=m),
-              "FedUV": lambda m: FedUV(model_fn=m)}
+              "FedUV": lambda m: FedUV(model_fn=m),
+              "FedTGP": lambda m: FedTGP(model_fn=m, num_classes=CLASSES, server_epochs=2)}
     assert sorted(rows) == sorted(builds)
     for name, (model, client, training, _) in rows.items():
         needs_latent = "`features`" in model
