@@ -9,10 +9,12 @@ plan's settings, one after the other on the same machine.
 Settings: conf/fmnist-fair.toml with 1 local epoch, diagnostics off, K = 20 partitions
 (`--clients`; at 100 or more add `--config dirichlet-group=10`, the paper's split), alpha 0.1,
 seed 0, then --config. A strategy name is a run-config `strategy`, `fedgo-cal`
-(conf/fedgo-calibrated.toml) or `best-row` (conf/best-row.toml). Prints, per strategy, the pre-FL stage and the mean
-seconds per round of each stage (rounds 2.. when there are several: round 1 pays one-off
-costs), and each round's total against FedAvg's. A name may carry keys of its own after "+",
-e.g. `best-row+teachers-per-image=8+ensemble-test=false`: the same strategy with them.
+(conf/fedgo-calibrated.toml) or `best-row` (conf/best-row.toml), and may carry keys of its own
+after "+" (`best-row+teachers-per-image=8+ensemble-test=false`: the same strategy with them).
+Prints, per strategy, the pre-FL stage and the mean seconds per round of each stage (rounds
+2.. when there are several: round 1 pays one-off costs), and each round's total against
+FedAvg's: in wall seconds, and in the CPU seconds of this process (clients and server; other
+load on the machine leaves them alone, unlike the wall seconds).
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ def measure(cfg, partitions: int) -> dict:
     return {"wall_s": time.perf_counter() - start,
             "pre_fl_s": {k: record["timings"].get(k, 0.0) for k in PRE_FL},
             "round_s": per_round, "round_total_s": sum(per_round.values()),
+            "round_cpu_s": sum(r.get("cpu_seconds", 0.0) for r in timed) / len(timed),
             "acc": [r["server_test_acc"] for r in rounds]}
 
 
@@ -86,14 +89,17 @@ def main(argv: list[str] | None = None) -> None:
             results[name] = measure(cfg, args.partitions)
     print(f"\n# round cost: torch threads {torch.get_num_threads()}, {args.rounds} rounds, "
           f"K = {args.partitions}, {' '.join(args.config) or 'no --config'}")
-    print("| strategy | pre-FL s | " + " | ".join(STAGES) + " | round s | x FedAvg |")
-    print("|---|---|" + "---|" * len(STAGES) + "---|---|")
-    base = results.get("fedavg", {}).get("round_total_s")
+    print("| strategy | pre-FL s | " + " | ".join(STAGES)
+          + " | round s | x FedAvg | round CPU s | x FedAvg |")
+    print("|---|---|" + "---|" * len(STAGES) + "---|---|---|---|")
+    base = results.get("fedavg", {})
     for name, r in results.items():
-        ratio = f"{r['round_total_s'] / base:.2f}" if base else "-"
+        ratios = [f"{r[k] / base[k]:.2f}" if base.get(k) else "-"
+                  for k in ("round_total_s", "round_cpu_s")]
         print(f"| {name} | {sum(r['pre_fl_s'].values()):.1f} | "
               + " | ".join(f"{r['round_s'][s]:.2f}" for s in STAGES)
-              + f" | {r['round_total_s']:.2f} | {ratio} |")
+              + f" | {r['round_total_s']:.2f} | {ratios[0]} | {r['round_cpu_s']:.2f} | "
+              f"{ratios[1]} |")
     print("\nJSON " + json.dumps(results))
 
 

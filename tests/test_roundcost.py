@@ -23,4 +23,5 @@ def test_roundcost_prints_each_stage_against_fedavg(tiny_data_dir, capsys):
     fedavg, fedgo = results["fedavg"], results["fedgo"]
     assert fedavg["round_s"]["pseudo_labelling"] == 0 < fedgo["round_s"]["pseudo_labelling"]
     assert fedgo["pre_fl_s"]["discriminator_training"] > 0 and len(fedgo["acc"]) == 2
+    assert 0 < fedavg["round_cpu_s"] < fedgo["round_cpu_s"]  # the labelling and distillation
     assert "| fedavg | 0.0 |" in out and "| 1.00 |" in out

@@ -183,7 +183,7 @@ class FedAvgStrategy(ServerUpdateFedAvg):
                     for a, g in arch.globals_of(self._sent_state).items()}
         self.count_down(server_round, contents, pids)
         log(INFO, "round %d: training on partitions %s", server_round, pids)
-        self._sent_at = time.perf_counter()
+        self._sent_at, self._cpu_at = time.perf_counter(), time.process_time()
         return [Message(contents[arch.of(p)], dst_node_id=n, message_type="train")
                 for n, p in self.sampled.items()]
 
@@ -321,6 +321,9 @@ class FedAvgStrategy(ServerUpdateFedAvg):
         clients' own (Flower's `evaluate_fn`, given the run's round)."""
         metrics = self.evaluation.global_model(server_round, arrays)
         self.evaluation.personal(server_round, arrays)
+        if server_round == self.current_round > 0:  # the round's CPU seconds in this process
+            # (the clients' too on an in-process grid): a cost that other load leaves alone
+            self.record.round(server_round)["cpu_seconds"] = time.process_time() - self._cpu_at
         return metrics
 
     def test_metrics(self, state: dict[str, torch.Tensor], architecture: str = "",
