@@ -186,6 +186,7 @@ def one_round(cfg: Config, num_clients: int) -> dict:
         "pre_fl_s": {k: t.get(k, 0.0) for k in ("generator_training",
                                                  "discriminator_training", "odds")},
         "round_s": {k: r1["seconds"].get(k, 0.0) for k in STAGES},
+        "round_cpu_s": r1.get("cpu_seconds", 0.0),
         "d_per_client_s": t["discriminator_training"] / num_clients,
         "classifier_per_client_s": r1["seconds"]["client_training"] / sampled,
         "pre_fl_bytes": b["pre_fl_down"] + b["pre_fl_up"],
@@ -213,14 +214,15 @@ def print_rounds(rows: list[dict]) -> None:
     print("\n## One FedGO round (pre-FL included), in-process grid, clients one after another")
     print("| K | clients/round | G training s | D training s (all) | odds s | "
           + " | ".join(s.replace("_", " ") + " s" for s in STAGES)
-          + " | round s | peak RSS MB | peak CUDA MB |")
-    print("|---" * (8 + len(STAGES)) + "|")
+          + " | round s | round CPU s | peak RSS MB | peak CUDA MB |")
+    print("|---" * (9 + len(STAGES)) + "|")
     for r in rows:
         p, s = r["pre_fl_s"], r["round_s"]
         print(f"| {r['clients']} | {r['sampled']} | {p['generator_training']:.1f} | "
               f"{p['discriminator_training']:.1f} | {p['odds']:.1f} | "
               + " | ".join(f"{s[k]:.2f}" for k in STAGES)
-              + f" | {sum(s.values()):.1f} | {r['peak_rss_mb']:.0f} | {r['peak_cuda_mb']:.0f} |")
+              + f" | {sum(s.values()):.1f} | {r['round_cpu_s']:.1f} | {r['peak_rss_mb']:.0f} | "
+              f"{r['peak_cuda_mb']:.0f} |")
     base = rows[0]
     for r in rows:
         ratio = r["d_per_client_s"] / r["classifier_per_client_s"]
