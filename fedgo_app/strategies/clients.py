@@ -70,6 +70,19 @@ def evaluate_candidates(message: Message, local: Local) -> Message:
         (local.x, local.y), device=local.device)
 
 
+def library_step(client_step: Callable[..., Message], state: bool = False
+                 ) -> Callable[[Message, Local], Message]:
+    """The handler of a method whose client step is the library's (SCAFFOLD's, FedUV's, ...):
+    `client_step` on S_k with this client's architecture, seeded by the partition id, and given the
+    node's state where the method keeps one there."""
+    def handler(message: Message, local: Local) -> Message:
+        seed = client_seed(int(config_of(message)["seed"]), local.partition_id)
+        kept = (local.state,) if state else ()
+        return client_step(message, local.classifier(message), (local.x, local.y), *kept,
+                           device=local.device, seed=seed)
+    return handler
+
+
 def partition(message: Message, local: Local) -> Message:
     """The library's partition query (`client_key="partition-id"`)."""
     return partition_reply(message, {PARTITION_ID: local.partition_id})

@@ -24,14 +24,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 from torch import nn
 
-from fedgo_app.client_context import Local, config_of
 from fedgo_flwr.keys import NON_NEGATIVE, key
-from fedgo_flwr.seeds import client_seed
 from fedgo_app.server.record import RunRecord
 from fedgo_app.strategies.base import CLIENT, ServerSetup
+from fedgo_app.strategies.clients import library_step
 from fedgo_app.strategies.ensemble import MARKS, READS, EnsembleApp
 from fedgo_app.strategies.registry import StrategySpec
 from fedgo_flwr.strategies.dafkd import GENERATOR, HEAD, domain_scores
@@ -98,14 +97,7 @@ class DaFKDApp(EnsembleApp, LibraryDaFKD):
         return super().update_average(server_round, averaged, models)
 
 
-# ---------------------------------------------------------------------------- client side
-def domain_aware_update(message: Message, local: Local) -> Message:
-    """DaFKD's local step (fedgo_flwr's) on S_k with this client's architecture, seeded by the
-    partition id."""
-    seed = client_seed(int(config_of(message)["seed"]), local.partition_id)
-    return domain_aware_update_on(message, local.classifier(message), (local.x, local.y),
-                                  device=local.device, seed=seed)
-
-
-DAFKD = StrategySpec("dafkd", DaFKDApp, {**CLIENT, "train": domain_aware_update}, keys=DaFKDKeys,
-                     reads=(*READS, "generator"), marks=MARKS)
+# DaFKD's local step (fedgo_flwr's) on S_k with this client's architecture
+DAFKD = StrategySpec("dafkd", DaFKDApp,
+                     {**CLIENT, "train": library_step(domain_aware_update_on)},
+                     keys=DaFKDKeys, reads=(*READS, "generator"), marks=MARKS)

@@ -8,15 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
-from fedgo_app.client_context import Local, config_of
 from fedgo_app.server.record import RunRecord
 from fedgo_app.strategies.base import ServerSetup
+from fedgo_app.strategies.clients import library_step
 from fedgo_app.strategies.ensemble import ENSEMBLE_CLIENT, MARKS, READS, EnsembleApp
 from fedgo_app.strategies.registry import StrategySpec
 from fedgo_flwr.keys import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, key
-from fedgo_flwr.seeds import client_seed
 from fedgo_flwr.strategies.fedgkd import FedGKD as LibraryFedGKD
 from fedgo_flwr.strategies.fedgkd import historical_update
 
@@ -54,12 +53,6 @@ class FedGKDApp(EnsembleApp, LibraryFedGKD):
         return conf
 
 
-def historical(message: Message, local: Local) -> Message:
-    """FedGKD's local step (fedgo_flwr's) on S_k."""
-    seed = client_seed(int(config_of(message)["seed"]), local.partition_id)
-    return historical_update(message, local.classifier(message), (local.x, local.y),
-                             device=local.device, seed=seed)
-
-
-FEDGKD = StrategySpec("fedgkd", FedGKDApp, {**ENSEMBLE_CLIENT, "train": historical},
+FEDGKD = StrategySpec("fedgkd", FedGKDApp,
+                      {**ENSEMBLE_CLIENT, "train": library_step(historical_update)},
                       keys=FedGKDKeys, reads=READS, marks=MARKS)

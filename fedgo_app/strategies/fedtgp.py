@@ -12,12 +12,11 @@ from dataclasses import dataclass
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 
-from fedgo_app.client_context import Local, config_of
 from fedgo_app.server.record import RunRecord
 from fedgo_app.strategies.base import CLIENT, FedAvgStrategy, ServerSetup
+from fedgo_app.strategies.clients import library_step
 from fedgo_app.strategies.registry import StrategySpec
 from fedgo_flwr.keys import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, key
-from fedgo_flwr.seeds import client_seed
 from fedgo_flwr.strategies.fedtgp import LOCAL, prototype_update
 from fedgo_flwr.strategies.fedtgp import FedTGP as LibraryFedTGP
 
@@ -70,11 +69,5 @@ class FedTGPApp(FedAvgStrategy, LibraryFedTGP):
             self.prototypes_problem(reply) if extras else None)
 
 
-def prototypes(message: Message, local: Local) -> Message:
-    """FedTGP's local step (fedgo_flwr's) on S_k."""
-    seed = client_seed(int(config_of(message)["seed"]), local.partition_id)
-    return prototype_update(message, local.classifier(message), (local.x, local.y),
-                            device=local.device, seed=seed)
-
-
-FEDTGP = StrategySpec("fedtgp", FedTGPApp, {**CLIENT, "train": prototypes}, keys=FedTGPKeys)
+FEDTGP = StrategySpec("fedtgp", FedTGPApp, {**CLIENT, "train": library_step(prototype_update)},
+                      keys=FedTGPKeys)

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from flwr.app import ConfigRecord, Message
+from flwr.app import ConfigRecord
 
-from fedgo_app.client_context import Local, config_of
 from fedgo_app.server.record import RunRecord
 from fedgo_app.strategies.base import CLIENT, FedAvgStrategy, ServerSetup
+from fedgo_app.strategies.clients import library_step
 from fedgo_app.strategies.registry import StrategySpec
 from fedgo_flwr.keys import NON_NEGATIVE, key
-from fedgo_flwr.seeds import client_seed
 from fedgo_flwr.strategies.feduv import FedUV as LibraryFedUV
 from fedgo_flwr.strategies.feduv import uniform_variance_update
 
@@ -43,11 +42,5 @@ class FedUVApp(FedAvgStrategy, LibraryFedUV):
         return conf
 
 
-def uniform_variance(message: Message, local: Local) -> Message:
-    """FedUV's local step (fedgo_flwr's) on S_k."""
-    seed = client_seed(int(config_of(message)["seed"]), local.partition_id)
-    return uniform_variance_update(message, local.classifier(message), (local.x, local.y),
-                                   device=local.device, seed=seed)
-
-
-FEDUV = StrategySpec("feduv", FedUVApp, {**CLIENT, "train": uniform_variance}, keys=FedUVKeys)
+FEDUV = StrategySpec("feduv", FedUVApp, {**CLIENT, "train": library_step(uniform_variance_update)},
+                     keys=FedUVKeys)

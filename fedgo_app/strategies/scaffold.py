@@ -8,14 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from flwr.app import ArrayRecord, Message, RecordDict
+from flwr.app import ArrayRecord, RecordDict
 
-from fedgo_app.client_context import Local, config_of
 from fedgo_app.server.record import RunRecord
 from fedgo_app.strategies.base import CLIENT, FedAvgStrategy, ServerSetup
+from fedgo_app.strategies.clients import library_step
 from fedgo_app.strategies.registry import StrategySpec
 from fedgo_flwr.keys import POSITIVE, key
-from fedgo_flwr.seeds import client_seed
 from fedgo_flwr.strategies.scaffold import CONTROL, CONTROL_DELTA, controlled_update
 from fedgo_flwr.strategies.scaffold import SCAFFOLD as LibrarySCAFFOLD
 
@@ -46,12 +45,7 @@ class SCAFFOLDApp(FedAvgStrategy, LibrarySCAFFOLD):
         return {CONTROL_DELTA: self.control}
 
 
-def controlled(message: Message, local: Local) -> Message:
-    """SCAFFOLD's local step (fedgo_flwr's) on S_k, c_i in this node's state."""
-    seed = client_seed(int(config_of(message)["seed"]), local.partition_id)
-    return controlled_update(message, local.classifier(message), (local.x, local.y),
-                             local.state, device=local.device, seed=seed)
-
-
-SCAFFOLD = StrategySpec("scaffold", SCAFFOLDApp, {**CLIENT, "train": controlled},
+# SCAFFOLD's local step (fedgo_flwr's), c_i in the node's state
+SCAFFOLD = StrategySpec("scaffold", SCAFFOLDApp,
+                        {**CLIENT, "train": library_step(controlled_update, state=True)},
                         keys=SCAFFOLDKeys)
