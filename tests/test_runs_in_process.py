@@ -214,3 +214,17 @@ def test_a_100_client_federation_runs_two_rounds_as_seeded(tmp_path):
         assert entry["clients"] == sample_clients(range(100), 0.4, 3, t)
         assert len(entry["clients"]) == 40 and entry["replies"]["usable"] == 40
         assert entry["distill_steps"] > 0 and entry["server_test_acc"] >= 0
+
+
+def test_teachers_per_image_labels_and_scores_with_the_top_odds_teachers(tiny_config):
+    """teachers-per-image = 1 through the app: the round records the weight left out and its
+    CPU seconds, and the run differs from the paper's (every teacher), which records none."""
+    records = {}
+    for m in (1, 0):
+        cfg = tiny_config.replace(num_server_rounds=1, fraction_train=1.0, diagnostics=False,
+                                  teachers_per_image=m, run_name=f"top{m}")
+        records[m], _ = run_in_process(cfg.to_run_config(), partitions=4)
+    top, every = (next(r for r in records[m]["rounds"] if r["round"] == 1) for m in (1, 0))
+    assert 0 < top["dropped_weight"] < 1 and "dropped_weight" not in every
+    assert top["cpu_seconds"] > 0 and 0 <= top["ensemble_test_acc"] <= 1
+    assert top["distill_loss"] != every["distill_loss"]

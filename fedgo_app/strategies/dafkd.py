@@ -86,7 +86,7 @@ class DaFKDApp(EnsembleApp, LibraryDaFKD):
             need[GENERATOR] = self.generator.state_dict()
         return need
 
-    def test_scores(self, keys: list[int], nets: list[nn.Module]
+    def test_scores(self, keys: list[int], nets: list[nn.Module], n_k: torch.Tensor
                     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Each client's class logits [K, N, C] and logit D_k(x) [K, N] on the test split."""
         return domain_scores(nets, [self.heads[k] for k in keys], self.setup.test_x,

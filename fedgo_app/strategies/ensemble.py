@@ -158,9 +158,10 @@ class EnsembleApp(FedAvgStrategy, LibraryEnsemble):
         """log Phi_k on the test split, [K, N]; rules without discriminators ignore it."""
         return torch.zeros(len(keys), len(self.setup.test_y))
 
-    def test_scores(self, keys: list[int], nets: list[torch.nn.Module]
+    def test_scores(self, keys: list[int], nets: list[torch.nn.Module], n_k: torch.Tensor
                     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The teachers' logits [K, N, C] and log Phi_k [K, N] on the test split."""
+        """The teachers' logits [K, N, C] and log Phi_k [K, N] on the test split (n_k [K]:
+        their sizes)."""
         return self.logits_of(nets, self.setup.test_x), self.test_log_odds(keys)
 
     def teacher_nets(self, teachers: list[ClientModel]) -> list[torch.nn.Module]:

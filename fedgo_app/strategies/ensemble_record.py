@@ -50,6 +50,8 @@ class EnsembleRecord:
             entry["disagreement"] = disagreement(
                 s.load(report.averaged.to_torch_state_dict()), details["distillation_set"],
                 details["targets"], device=s.setup.device, amp=s.setup.amp)
+        if "dropped-weight" in report.metrics:  # FedGO's teachers-per-image
+            entry["dropped_weight"] = report.metrics["dropped-weight"]
         if cfg.confidence_threshold > 0 and "distill-kept" in report.metrics:
             entry["distill_kept"] = report.metrics["distill-kept"]
         if "guard" in details:
@@ -110,7 +112,7 @@ class EnsembleRecord:
         keys, nets = [m.key for m in details["teachers"]], details["nets"]
         n_k = torch.tensor([m.num_examples for m in details["teachers"]], dtype=torch.float32)
         past, member = details["past"], cfg.averaged_share > 0
-        test_logits, log_odds = s.test_scores(keys, nets)
+        test_logits, log_odds = s.test_scores(keys, nets, n_k)
         average_logits = (s.logits_of([s.load(report.averaged.to_torch_state_dict())], test_x)
                           if member or cfg.teacher_floor or cfg.diagnostics else None)
         past_logits = s.past_logits(past, test_x) if past else None

@@ -10,6 +10,7 @@ cap e (`discriminator-calibration`) and the odds screen (`discriminator-screen`)
 
 from __future__ import annotations
 
+import math
 from logging import WARNING
 
 import torch
@@ -25,6 +26,7 @@ from fedgo_flwr.gan import log_odds
 from fedgo_flwr.models import Discriminator
 from fedgo_flwr.seeds import client_seed
 from fedgo_flwr.strategies.fedgo import TRAIN_DISCRIMINATOR
+from fedgo_flwr.teachers import top_teacher_logits
 from fedgo_flwr.strategies.fedgo import FedGO as LibraryFedGO
 from fedgo_flwr.strategies.fedgo import discriminator_update as discriminator_update_on
 from fedgo_flwr.weighting import NEEDS_LABEL_COUNTS, WeightRule, weighting_rule
@@ -105,6 +107,19 @@ class FedGOApp(EnsembleApp, LibraryFedGO):
             raise RuntimeError(f"weighting {self.cfg.weighting!r} needs every client's label "
                                "counts; a client of this round sent none")
         return weighting_rule(self.cfg.weighting, histograms=counts)
+
+    def test_scores(self, keys, nets, n_k):
+        """With `teachers-per-image` (and no diagnostics, which score every rule on every
+        teacher) the ensemble the round distils toward: each test image's top teachers by
+        the odds alone, as on U (the library's top_teacher_logits)."""
+        if not 0 < self.teachers_per_image < len(nets) or self.cfg.diagnostics:
+            return super().test_scores(keys, nets, n_k)
+        log_odds = self.test_log_odds(keys)
+        logits, keep, _ = top_teacher_logits(nets, self.setup.test_x,
+                                             log_odds + n_k.log()[:, None],
+                                             self.teachers_per_image, device=self.setup.device,
+                                             amp=self.setup.amp)
+        return logits, log_odds.masked_fill(~keep, -math.inf)
 
     def test_log_odds(self, keys: list[int]) -> torch.Tensor:
         """log Phi_k on the test split (the ensemble's test score), once a D_k."""
