@@ -316,7 +316,8 @@ def test_dafkd_averages_g_and_heads_by_n_k_and_weights_by_this_rounds_discrimina
             d_logits.append(head(net.features(x)).squeeze(1))
             logits.append(net(x))
     # One pass of each trunk gives the class logits and D_k's.
-    test_logits, log_odds = strategy.test_scores([m.partition_id for m in models], nets)
+    test_logits, log_odds = strategy.test_scores([m.partition_id for m in models], nets,
+                                                 torch.ones(len(nets)))
     # bf16 on a GPU (server-amp): a step of 2^-8 relative, against the fp32 reference here.
     tol = dict(atol=0.05, rtol=0.01) if strategy.setup.amp else dict(atol=1e-5)
     assert torch.allclose(log_odds[:, :20].cpu(), torch.stack(d_logits), **tol)
