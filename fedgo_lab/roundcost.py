@@ -61,6 +61,7 @@ def measure(cfg, partitions: int) -> dict:
             "pre_fl_s": {k: record["timings"].get(k, 0.0) for k in PRE_FL},
             "round_s": per_round, "round_total_s": sum(per_round.values()),
             "round_cpu_s": sum(r.get("cpu_seconds", 0.0) for r in timed) / len(timed),
+            "dropped_weight": [r["dropped_weight"] for r in rounds if "dropped_weight" in r],
             "acc": [r["server_test_acc"] for r in rounds]}
 
 
@@ -100,6 +101,10 @@ def main(argv: list[str] | None = None) -> None:
               + " | ".join(f"{r['round_s'][s]:.2f}" for s in STAGES)
               + f" | {r['round_total_s']:.2f} | {ratios[0]} | {r['round_cpu_s']:.2f} | "
               f"{ratios[1]} |")
+    for name, r in results.items():
+        if r["dropped_weight"]:  # teachers-per-image: the odds weight the others held
+            print(f"{name}: weight left out by the top teachers, rounds 1..: "
+                  + ", ".join(f"{w:.4f}" for w in r["dropped_weight"]))
     print("\nJSON " + json.dumps(results))
 
 

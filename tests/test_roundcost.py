@@ -24,4 +24,6 @@ def test_roundcost_prints_each_stage_against_fedavg(tiny_data_dir, capsys):
     assert fedavg["round_s"]["pseudo_labelling"] == 0 < fedgo["round_s"]["pseudo_labelling"]
     assert fedgo["pre_fl_s"]["discriminator_training"] > 0 and len(fedgo["acc"]) == 2
     assert 0 < fedavg["round_cpu_s"] < fedgo["round_cpu_s"]  # the labelling and distillation
+    top = results["fedgo+teachers-per-image=1"]
+    assert len(top["dropped_weight"]) == 2 and fedgo["dropped_weight"] == []
     assert "| fedavg | 0.0 |" in out and "| 1.00 |" in out
