@@ -2,10 +2,10 @@
 user of the wheel writes one (its own tiny grayscale images of 11x13 pixels, a size the
 paper's generator was not built for; an MLP; its own SGD train handler; no torchvision, no
 flwr-datasets), run through a real `flwr run` in simulation with the wheel installed apart
-from this repository. Its ServerApp runs FedGO, FedDF, DaFKD and the Table 3 baselines (SCAFFOLD, FedDisco,
-FedGKD+, FedUV) one after another on the same nodes, each taken as Flower's `FedAvg` is; each
-must complete and end above chance, and SCAFFOLD's clients find their control variates in
-`context.state` from round 2 on, through Ray's workers."""
+from this repository. Its ServerApp runs FedGO, FedDF, DaFKD and the Table 3 baselines
+(SCAFFOLD, FedDisco, FedGKD+, FedUV, FedTGP) one after another on the same nodes, each taken
+as Flower's `FedAvg` is; each must complete and end above chance, and SCAFFOLD's clients find
+their control variates in `context.state` from round 2 on, through Ray's workers."""
 
 from __future__ import annotations
 
@@ -128,7 +128,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
 from flwr.serverapp import ServerApp
 
-from fedgo_flwr import SCAFFOLD, DaFKD, FedDF, FedDisco, FedGKD, FedGO, FedUV
+from fedgo_flwr import SCAFFOLD, DaFKD, FedDF, FedDisco, FedGKD, FedGO, FedTGP, FedUV
 from tinymlp.task import MLP, images
 
 app = ServerApp()
@@ -159,7 +159,8 @@ def main(grid, context):
                            generator_width=8, latent_dim=16),
                      SCAFFOLD(model_fn=MLP), FedDisco(model_fn=MLP, num_classes=4),
                      FedGKD(unlabeled_data=u, model_fn=MLP, distill_epochs=1),
-                     FedUV(model_fn=MLP)):
+                     FedUV(model_fn=MLP),
+                     FedTGP(model_fn=MLP, num_classes=4, server_epochs=50)):
         torch.manual_seed(0)
         result = strategy.start(grid=grid, initial_arrays=ArrayRecord(MLP().state_dict()),
                                 num_rounds=cfg["num-server-rounds"], train_config=training,
@@ -195,8 +196,9 @@ def test_a_users_own_small_app_runs_every_strategy_from_the_wheel(
     assert _status(superlink_env, superlink_env["FLWR_HOME"], log) == "finished:completed", \
         log[-3000:]
     result = json.loads(out.read_text())
-    assert sorted(result) == ["DaFKD", "FedDF", "FedDisco", "FedGKD", "FedGO", "FedUV",
-                              "SCAFFOLD"]
+    assert sorted(result) == ["DaFKD", "FedDF", "FedDisco", "FedGKD", "FedGO", "FedTGP",
+                              "FedUV", "SCAFFOLD"]
+    assert result["FedTGP"]["train"]["3"]["prototypes-known"] == CLASSES
     assert result["SCAFFOLD"]["train"]["1"]["control-kept"] == 0
     assert result["SCAFFOLD"]["train"]["3"]["control-kept"] == 1  # every client's c_i kept
     for method, runs in result.items():
