@@ -13,8 +13,10 @@ seed 0, then --config. A strategy name is a run-config `strategy`, `fedgo-cal`
 after "+" (`best-row+teachers-per-image=8+ensemble-test=false`: the same strategy with them).
 Prints, per strategy, the pre-FL stage and the mean seconds per round of each stage (rounds
 2.. when there are several: round 1 pays one-off costs), and each round's total against
-FedAvg's: in wall seconds, and in the CPU seconds of this process (clients and server; other
-load on the machine leaves them alone, unlike the wall seconds).
+FedAvg's: in wall seconds, and in the CPU seconds of this process (clients and server; far
+less sensitive to other load on the machine than the wall seconds, not immune to it: shared
+caches and cores slow the work itself). A FedAvg round runs first, unreported: the first run
+in a process measured up to a quarter slower.
 """
 
 from __future__ import annotations
@@ -81,6 +83,12 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(args.threads)
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
+        # The first run in a process pays one-off costs (allocator, lazy initialisation): a
+        # FedAvg round goes first, unreported, so that no measured strategy pays them.
+        print("[roundcost] warm-up: one FedAvg round (not reported) ...", flush=True)
+        measure(config_from(parser, args.config, under=settings("fedavg"), over={
+            "num-server-rounds": 1, "results-dir": tmp, "run-name": "warm-up"}),
+            args.partitions)
         for name in args.strategies:
             own = config_values(parser, name.split("+")[1:])
             cfg = config_from(parser, args.config, under=settings(name), over={

@@ -322,7 +322,8 @@ class FedAvgStrategy(ServerUpdateFedAvg):
         metrics = self.evaluation.global_model(server_round, arrays)
         self.evaluation.personal(server_round, arrays)
         if server_round == self.current_round > 0:  # the round's CPU seconds in this process
-            # (the clients' too on an in-process grid): a cost that other load leaves alone
+            # (the clients' too on an in-process grid): far less sensitive to other load than
+            # the wall seconds
             self.record.round(server_round)["cpu_seconds"] = time.process_time() - self._cpu_at
         return metrics
 
