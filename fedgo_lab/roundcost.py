@@ -29,12 +29,14 @@ import tomllib
 from pathlib import Path
 
 from fedgo_lab.cli import add_config_flag, config_from, config_values
-from fedgo_lab.perf import STAGES
+from fedgo_lab.perf import STAGES as PERF_STAGES
 
 REPO = Path(__file__).resolve().parent.parent
 PRESETS = {"fedgo-cal": REPO / "conf" / "fedgo-calibrated.toml",
            "best-row": REPO / "conf" / "best-row.toml"}
 PRE_FL = ("generator_training", "discriminator_training", "odds")
+# a round's stages; "guard": the distillation guard's exchange (clients scoring the candidates)
+STAGES = (*PERF_STAGES, "guard")
 
 
 def settings(name: str) -> dict:
