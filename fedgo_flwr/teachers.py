@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 
 import torch
 from torch import nn
@@ -86,16 +87,20 @@ def teacher_logits(nets: list[nn.Module], x: torch.Tensor, *, device: torch.devi
         return torch.stack([predict_logits(net, x, device=device, flip=flip) for net in nets])
 
 
-def top_teacher_logits(nets: list[nn.Module], x: torch.Tensor, log_weights: torch.Tensor,
-                       per_image: int, *, device: torch.device, flip: bool = False,
-                       amp: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The logits [K, N, C] of the `per_image` teachers of largest weight on each image (log
-    weights [K, N], any shift per image), 0 for the others; which were kept [K, N]; and the
-    weight left out on each image [N]."""
+def top_teacher_logits(nets: list[nn.Module], x: torch.Tensor, log_odds: torch.Tensor,
+                       num_examples: torch.Tensor, per_image: int, *, device: torch.device,
+                       flip: bool = False, amp: bool = False
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """FedGO's ensemble of the `per_image` teachers of largest odds weight on each image
+    (eq. 9: n_k Phi_k(x), from log Phi_k [K, N] and n_k [K]): their logits [K, N, C], 0 for
+    the others; the log-odds with the others' set to -inf (weight 0); the weight left out on
+    each image [N]."""
+    log_weights = log_odds + num_examples.to(log_odds.dtype).log()[:, None]
     keep = torch.zeros(log_weights.shape, dtype=torch.bool)
     keep.scatter_(0, log_weights.topk(min(per_image, len(nets)), dim=0).indices, True)
     dropped = 1 - (torch.softmax(log_weights, 0) * keep).sum(0)
-    return kept_teacher_logits(nets, x, keep, device=device, flip=flip, amp=amp), keep, dropped
+    logits = kept_teacher_logits(nets, x, keep, device=device, flip=flip, amp=amp)
+    return logits, log_odds.masked_fill(~keep, -math.inf), dropped
 
 
 def kept_teacher_logits(nets: list[nn.Module], x: torch.Tensor, keep: torch.Tensor, *,

@@ -181,13 +181,15 @@ def test_top_teachers_run_each_net_only_on_the_images_it_keeps():
     log_w = torch.tensor([[0.0, 2.0, 1.0, -5.0],
                           [1.0, 1.0, 0.0, 0.0],
                           [2.0, 0.0, 3.0, 0.0]])
-    logits, keep, dropped = top_teacher_logits(nets, x, log_w, 2, device=CPU)
+    logits, masked, dropped = top_teacher_logits(nets, x, log_w, torch.ones(3), 2, device=CPU)
+    keep = masked.isfinite()
+    assert torch.equal(masked[keep], log_w[keep])
     assert keep.tolist() == [[False, True, True, False], [True, True, False, True],
                              [True, False, True, True]]
     full = teacher_logits(nets, x, device=CPU)
     torch.testing.assert_close(logits[keep], full[keep], rtol=1e-5, atol=1e-5)
     assert torch.equal(logits[~keep], torch.zeros_like(logits[~keep]))
     torch.testing.assert_close(dropped, torch.softmax(log_w, 0).min(0).values)
-    everything, keep, none = top_teacher_logits(nets, x, log_w, 5, device=CPU)
-    assert keep.all() and torch.allclose(none, torch.zeros(4), atol=1e-6)
+    everything, masked, none = top_teacher_logits(nets, x, log_w, torch.ones(3), 5, device=CPU)
+    assert torch.equal(masked, log_w) and torch.allclose(none, torch.zeros(4), atol=1e-6)
     torch.testing.assert_close(everything, full, rtol=1e-5, atol=1e-5)

@@ -10,7 +10,6 @@ cap e (`discriminator-calibration`) and the odds screen (`discriminator-screen`)
 
 from __future__ import annotations
 
-import math
 from logging import WARNING
 
 import torch
@@ -114,12 +113,10 @@ class FedGOApp(EnsembleApp, LibraryFedGO):
         the odds alone, as on U (the library's top_teacher_logits)."""
         if not 0 < self.teachers_per_image < len(nets) or self.cfg.diagnostics:
             return super().test_scores(keys, nets, n_k)
-        log_odds = self.test_log_odds(keys)
-        logits, keep, _ = top_teacher_logits(nets, self.setup.test_x,
-                                             log_odds + n_k.log()[:, None],
-                                             self.teachers_per_image, device=self.setup.device,
-                                             amp=self.setup.amp)
-        return logits, log_odds.masked_fill(~keep, -math.inf)
+        logits, log_odds, _ = top_teacher_logits(
+            nets, self.setup.test_x, self.test_log_odds(keys), n_k, self.teachers_per_image,
+            device=self.setup.device, amp=self.setup.amp)
+        return logits, log_odds
 
     def test_log_odds(self, keys: list[int]) -> torch.Tensor:
         """log Phi_k on the test split (the ensemble's test score), once a D_k."""

@@ -126,7 +126,6 @@ class FedDisco(ServerUpdateFedAvg):
             metrics[self.weighted_by_key] = w
         return models
 
-
     def weights_of(self, counts, num_examples) -> torch.Tensor:
         """p_k of the round's clients from their label counts c_k [K, C] and n_k [K]."""
         counts = torch.as_tensor(counts, dtype=torch.float32)

@@ -11,7 +11,6 @@ model is averaged but does not teach)."""
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from functools import partial
@@ -315,11 +314,11 @@ class FedGO(EnsembleDistillation):
         if not 0 < self.teachers_per_image < len(teachers):
             return super().scores(teachers, nets, u, samples, view)[0], log_odds
         n_k = torch.tensor([float(m.num_examples) for m in teachers])
-        logits, keep, dropped = top_teacher_logits(  # eq. (9)'s largest weights
-            nets, u[samples], log_odds + n_k.log()[:, None], self.teachers_per_image,
-            device=self.device, flip=view == 1, amp=self.device.type == "cuda")
+        logits, log_odds, dropped = top_teacher_logits(
+            nets, u[samples], log_odds, n_k, self.teachers_per_image, device=self.device,
+            flip=view == 1, amp=self.device.type == "cuda")
         self.dropped.append(dropped)
-        return logits, log_odds.masked_fill(~keep, -math.inf)
+        return logits, log_odds
 
 
 # ---------------------------------------------------------------------------- client side
