@@ -158,6 +158,10 @@ class Config(PreFLKeys, DistillationKeys, NodeKeys, RoundKeys, DataKeys, RunKeys
             raise ConfigError("run-config key 'distillation-guard' is 'labelled-val' and "
                               "'val-size' is 0: say how many labelled server images score the "
                               "averaged and the distilled model")
+        if self.guard_judges and self.distillation_guard != "clients":
+            raise ConfigError(f"run-config key 'guard-judges' is {self.guard_judges} and "
+                              f"'distillation-guard' is {self.distillation_guard!r}: judges are "
+                              "clients; set distillation-guard = \"clients\" or guard-judges = 0")
         if self.discriminator_calibration != "none" and self.weighting == "odds-unsquashed":
             raise ConfigError("run-config key 'weighting' is 'odds-unsquashed', which recovers "
                               "D_k's logit from the paper's capped odds; with "

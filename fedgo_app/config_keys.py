@@ -15,8 +15,7 @@ from fedgo_flwr.architectures import parse_client_models
 from fedgo_flwr.defences import SCREENS
 from fedgo_flwr.distill import DISTILL_BUDGETS, DISTILL_SETS, ENSEMBLE_SPACES, GUARDS, VIEW_DRAWS
 from fedgo_flwr.gan import CALIBRATIONS, NEGATIVES
-from fedgo_flwr.keys import (AT_LEAST_ONE, FRACTION, NON_NEGATIVE, POSITIVE, Allowed, OneOf,
-                             key)
+from fedgo_flwr.keys import AT_LEAST_ONE, FRACTION, NON_NEGATIVE, POSITIVE, Allowed, OneOf, key
 from fedgo_flwr.models import CLASSIFIERS, model_name_problem
 from fedgo_flwr.train import OPTIMIZERS
 from fedgo_flwr.weighting import WEIGHTINGS
@@ -52,7 +51,6 @@ EVERY_STRATEGY = ("run", "data", "rounds", "nodes", "device", "robustness")
 @dataclass(frozen=True)
 class RunKeys:
     """What runs: the method, the dataset, the model, the seed and where results go."""
-    # --- what runs
     strategy: str = key("fedgo", "the method; see the strategies table in the README",
                         OneOf(STRATEGIES))
     dataset: str = key("fmnist", "the dataset: fmnist, cifar10, cifar100 (torchvision's "
@@ -97,7 +95,6 @@ class RunKeys:
 @dataclass(frozen=True)
 class DataKeys:
     """How the clients' data is split and drawn."""
-    # --- data
     partitioner: str = key("dirichlet", "how the client pool is divided among the clients "
                            "(flwr-datasets' partitioners): dirichlet (label skew, the paper), "
                            "iid, pathological (classes-per-client classes each), shard "
@@ -265,13 +262,16 @@ class DistillationKeys:
     generator_file: str = key("", "the generator file of generator-source = load (python -m "
                               "fedgo_lab.export_generator writes one)", groups=("distillation",))
     distillation_guard: str = key(
-        "none", "none (the papers), clients: after distilling, as many clients as trained, "
-        "drawn from those that did not train this round, score the averaged and the distilled "
-        "model on their own data, and the server keeps the distilled one only if its "
-        "n_k-weighted accuracy is higher (one more exchange a round; the server still reads no "
-        "label), or labelled-val: the server scores both on its val-size LABELLED images "
-        "instead (the data FedDF as published validates on); not in the papers",
-        OneOf(GUARDS), ("distillation",))
+        "none", "none (the papers), clients: after distilling, as many clients as trained (or "
+        "guard-judges), drawn from those that did not train this round, score the averaged and "
+        "the distilled model on their own data, and the server keeps the distilled one only if "
+        "its n_k-weighted accuracy is higher (one more exchange a round; the server reads no "
+        "label), or labelled-val: the server scores both on its val-size LABELLED images instead"
+        " (the data FedDF as published validates on); not in the papers", OneOf(GUARDS),
+        ("distillation",))
+    guard_judges: int = key(0, "distillation-guard = clients: how many judge (the first of the "
+                            "same draw; 0 = as many as trained); fewer: a cheaper exchange, a "
+                            "noisier score; not in the papers", NON_NEGATIVE, ("distillation",))
     teacher_floor: bool = key(False, "the round's averaged model as the floor of its teacher: "
                               "on an image where it is surer than the ensemble (a higher top "
                               "probability) its own prediction is the pseudo-label; not in the "

@@ -2,9 +2,9 @@
 model only if it scores higher than the average it started from, so a round whose teacher is
 worse than the average cannot pull the global model down. Two judges:
 
-- `ClientsGuard`: as many clients as trained, drawn by the seed and the round from those that
-  did not train this round (none of the round's models saw their data), score both models
-  on their own data (message type `evaluate.candidates`, answered by
+- `ClientsGuard`: as many clients as trained (or `judges` of them), drawn by the seed and the
+  round from those that did not train this round (none of the round's models saw their data),
+  score both models on their own data (message type `evaluate.candidates`, answered by
   `fedgo_flwr.client.register` or `evaluate_candidates` in a handler of your own);
 - `LabelledGuard(x, y)`: the server's own labelled images score them (a row that uses it
   reads labels the others do not, and should say so).
@@ -69,17 +69,23 @@ def scores_problem(reply: Message, names) -> str | None:
 
 
 class ClientsGuard:
-    """Clients that did not train this round judge (`timeout`: seconds to wait for them)."""
+    """Clients that did not train this round judge (`timeout`: seconds to wait for them;
+    `judges`: how many are asked, None = as many as trained; fewer make the exchange cheaper
+    at many clients, and the score noisier)."""
 
-    def __init__(self, timeout: float = 600.0):
-        self.timeout = timeout
+    def __init__(self, timeout: float = 600.0, judges: int | None = None):
+        if judges is not None and (isinstance(judges, bool) or not isinstance(judges, int)
+                                   or judges < 1):
+            raise ValueError(f"judges is {judges!r}; allowed: None (as many as trained) or an "
+                             "int >= 1")
+        self.timeout, self.num_judges = timeout, judges
 
     def __repr__(self) -> str:
-        return f"ClientsGuard(timeout={self.timeout!r})"
+        return f"ClientsGuard(timeout={self.timeout!r}, judges={self.num_judges!r})"
 
     def judges(self, strategy, server_round: int) -> dict[int, object]:
-        """{node id: key} of as many clients as trained, drawn by the seed and the round
-        from those that did not (from those that did where every client trained)."""
+        """{node id: key} of as many clients as trained (or `judges`), drawn by the seed and
+        the round from those that did not (from those that did where every client trained)."""
         keys = strategy.client_keys.keys(strategy.grid, strategy.grid.get_node_ids())
         trained = set(strategy.sampled)
         pool = {k: n for n, k in keys.items() if n not in trained}
@@ -91,7 +97,8 @@ class ClientsGuard:
         keys = sorted(pool)
         order = torch.randperm(len(keys), generator=torch.Generator().manual_seed(
             round_seed(strategy.seed, server_round)))
-        return {pool[k]: k for k in sorted(keys[i] for i in order[:len(trained)].tolist())}
+        asked = len(trained) if self.num_judges is None else self.num_judges
+        return {pool[k]: k for k in sorted(keys[i] for i in order[:asked].tolist())}
 
     def scores(self, strategy, server_round, candidates):
         judges = self.judges(strategy, server_round)

@@ -32,6 +32,8 @@ def test_run_config_round_trip_and_int_for_float():
     ("feddf-published", True, "it switches FedDF"),
     ("val-size", 100, "only FedDF's published server update and distillation-guard"),
     ("distillation-guard", "labelled-val", "'val-size' is 0"),
+    ("guard-judges", 4, "'distillation-guard' is 'none'"),
+    ("guard-judges", -1, "'guard-judges' is -1; allowed: >= 0"),
 ])
 def test_bad_values_fail_naming_key_and_allowed_values(key, value, needle):
     with pytest.raises(ConfigError) as err:

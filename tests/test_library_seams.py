@@ -112,6 +112,22 @@ def test_the_clients_guard_asks_those_that_did_not_train_and_keeps_the_better_mo
                                    for m in asked)
 
 
+def test_fewer_judges_are_the_first_of_the_same_draw():
+    """ClientsGuard(judges=1) asks one client, one of those the default guard asks."""
+    grid = InProcessGrid(user_client_app(), {}, NODES)
+    reports = Reports()
+    strategy = FedDF(unlabeled_data=U, model_fn=UserNet, fraction_train=0.5,
+                     guard=ClientsGuard(judges=1), observers=[reports], **SMALL)
+    run(strategy, grid, rounds=1)
+    default = ClientsGuard().judges(strategy, 1)
+    judges = reports[0].details["guard"]["clients"]
+    assert len(judges) == 1 and set(judges) <= set(default.values())
+    assert len([m for m in grid.sent if m.metadata.message_type == "evaluate.candidates"]) == 1
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="judges is .*; allowed: None"):
+            ClientsGuard(judges=bad)
+
+
 def test_a_labelled_guard_scores_on_the_servers_images():
     reports = Reports()
     strategy = FedDF(unlabeled_data=U, model_fn=UserNet, guard=LabelledGuard(TEST),

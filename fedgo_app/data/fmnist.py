@@ -14,7 +14,6 @@ import os
 import tempfile
 from pathlib import Path
 
-import torch
 from torchvision.datasets import FashionMNIST
 from torchvision.datasets.utils import extract_archive
 

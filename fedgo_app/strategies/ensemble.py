@@ -42,6 +42,7 @@ from fedgo_flwr.weighting import WeightRule
 READS = ("distillation",)
 MARKS = (("ensemble-space", "logits", "probabilities"), ("distill-schedule", "cosine", "{} lr"),
          ("averaged-share", 0.0, "averaged {:g}"), ("distillation-guard", "none", "{} guard"),
+         ("guard-judges", 0, "{} judges"),
          ("generator-source", "train-on-u", "G: {}"), ("distill-set", "server-data", "{} set"),
          ("redraw-distill-set", False, "redrawn"), ("view-draw", "per-pass", "views {}"),
          ("teacher-floor", False, "server floor"), ("confidence-threshold", 0.0, "confident {:g}"),
@@ -51,7 +52,7 @@ MARKS = (("ensemble-space", "logits", "probabilities"), ("distill-schedule", "co
 def distillation_keywords(setup: ServerSetup) -> dict:
     """The run config as the keywords of the library's EnsembleDistillation."""
     cfg = setup.cfg
-    guard = {"none": None, "clients": ClientsGuard(),
+    guard = {"none": None, "clients": ClientsGuard(judges=cfg.guard_judges or None),
              "labelled-val": LabelledGuard((setup.val_x, setup.val_y))
              if len(setup.val_y) else None}[cfg.distillation_guard]
     return dict(distill_epochs=cfg.server_epochs, distill_batch_size=cfg.server_batch_size,
