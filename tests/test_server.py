@@ -409,12 +409,13 @@ def test_the_guard_asks_clients_that_did_not_train_and_scores_as_they_do(tiny_co
 
 def test_the_guard_judges_what_the_budget_and_past_teachers_distilled(tiny_config):
     """The guard on top of the disagreement budget and past teachers (the plan's
-    fedgo-cal-guard-budget-past-probe, without its probe): every round that distilled asks the clients, the kept
+    fedgo-cal-guard-budget-past-probe, without its probe; one judge): every round that distilled asks the clients, the kept
     candidate is the server's model, and round 1's teacher and share are those of the run
     without the guard (the guard acts after them)."""
     base = tiny_config.replace(num_server_rounds=3, server_epochs=2, diagnostics=True,
                                distill_budget="disagreement", past_teachers=2)
-    guarded = _run(base.replace(distillation_guard="clients", run_name="guard"))[0]["rounds"]
+    guarded = _run(base.replace(distillation_guard="clients", guard_judges=1,
+                                run_name="guard"))[0]["rounds"]
     plain = _run(base.replace(run_name="plain"))[0]["rounds"]
     assert guarded[1]["disagreement"] == plain[1]["disagreement"]
     assert guarded[1]["ensemble_test_acc"] == plain[1]["ensemble_test_acc"]
@@ -422,6 +423,7 @@ def test_the_guard_judges_what_the_budget_and_past_teachers_distilled(tiny_confi
         assert 0 <= entry["disagreement"] <= 1
         guard = entry["guard"]  # every round distilled (a share above 0)
         assert entry["distill_steps"] > 0 and guard["scored"] == guard["clients"]
+        assert len(guard["clients"]) == 1  # guard-judges = 1 of the clients that did not train
         assert guard["test_acc"][guard["kept"]] == entry["server_test_acc"]
 
 
