@@ -193,3 +193,7 @@ def test_top_teachers_run_each_net_only_on_the_images_it_keeps():
     everything, masked, none = top_teacher_logits(nets, x, log_w, torch.ones(3), 5, device=CPU)
     assert torch.equal(masked, log_w) and torch.allclose(none, torch.zeros(4), atol=1e-6)
     torch.testing.assert_close(everything, full, rtol=1e-5, atol=1e-5)
+    # eq. 9's weight is n_k Phi_k: a client with far more examples is every image's top teacher
+    _, masked, _ = top_teacher_logits(nets, x, log_w, torch.tensor([1.0, 1.0, 1e6]), 1,
+                                      device=CPU)
+    assert masked[2].isfinite().all() and not masked[:2].isfinite().any()
