@@ -3,6 +3,7 @@ SuperLink of one FLWR_HOME is stopped by PID without touching anyone else's."""
 
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -43,9 +44,15 @@ def test_stop_superlink_stops_only_the_superlink_of_its_flwr_home(tmp_path):
     def fake_superlink(home):  # a process whose command line reads like a SuperLink's
         return subprocess.Popen(["bash", "-c", f'exec -a "flower-superlink --flwr-home {home}" '
                                  "sleep 300"])
+    def named(p):  # bash has exec'd under the SuperLink's name (slow on a busy machine)
+        deadline = time.monotonic() + 60
+        while b"flower-superlink" not in Path(f"/proc/{p.pid}/cmdline").read_bytes():
+            assert time.monotonic() < deadline, "the fake SuperLink never took its name"
+            time.sleep(0.05)
+
     ours, theirs = fake_superlink(tmp_path / "ours"), fake_superlink(tmp_path / "theirs")
     try:
-        time.sleep(0.3)
+        named(ours), named(theirs)
         done = subprocess.run(["bash", str(REPO / "scripts" / "stop-superlink.sh")],
                               env={"FLWR_HOME": str(tmp_path / "ours"), "PATH": "/usr/bin:/bin"},
                               capture_output=True, text=True, timeout=60)
