@@ -2,12 +2,12 @@
 SuperLink of one FLWR_HOME is stopped by PID without touching anyone else's."""
 
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
 from conftest import REPO
+from fedgo_lab.deploy import _wait_for
 from fedgo_lab.runconfig import main, problem
 
 pytestmark = pytest.mark.unit
@@ -44,15 +44,13 @@ def test_stop_superlink_stops_only_the_superlink_of_its_flwr_home(tmp_path):
     def fake_superlink(home):  # a process whose command line reads like a SuperLink's
         return subprocess.Popen(["bash", "-c", f'exec -a "flower-superlink --flwr-home {home}" '
                                  "sleep 300"])
-    def named(p):  # bash has exec'd under the SuperLink's name (slow on a busy machine)
-        deadline = time.monotonic() + 60
-        while b"flower-superlink" not in Path(f"/proc/{p.pid}/cmdline").read_bytes():
-            assert time.monotonic() < deadline, "the fake SuperLink never took its name"
-            time.sleep(0.05)
+    def named(*procs):  # bash has exec'd under the SuperLink's name (slow on a busy machine)
+        return all(b"flower-superlink" in Path(f"/proc/{p.pid}/cmdline").read_bytes()
+                   for p in procs)
 
     ours, theirs = fake_superlink(tmp_path / "ours"), fake_superlink(tmp_path / "theirs")
     try:
-        named(ours), named(theirs)
+        _wait_for(lambda: named(ours, theirs), 60, "the fake SuperLinks took their names")
         done = subprocess.run(["bash", str(REPO / "scripts" / "stop-superlink.sh")],
                               env={"FLWR_HOME": str(tmp_path / "ours"), "PATH": "/usr/bin:/bin"},
                               capture_output=True, text=True, timeout=60)
