@@ -21,13 +21,14 @@ Every cell x alpha x seed is one `flwr run` through the local SuperLink and Ray,
 <cell>-a<alpha>-s<seed>; its record lands in <out>/<run name>/record.json and its log in
 <out>/logs/. Every cell's config is validated before anything runs. A cell whose record
 exists with the same config is not run again, so an interrupted plan resumes (keys added to
-the app since, at their defaults, count as the same); a record made with another config stops
-the plan rather than mixing results. With --max-minutes M a long plan advances in chunks:
-no run starts after M minutes, nor a run expected to end after them (expected: the wall time
-of the latest of the plan's finished records of the same cell, plus a minute to start; a cell
-with none yet starts whenever time is left), which waits for the next invocation while
-shorter runs after it go ahead. At the end
-<out>/table.md and one plot per alpha and metric are written from the records there.
+the app since, at their defaults, count as the same), and a run stopped part-way goes on from
+its newest checkpoint (delete its folder to start it afresh); a record or checkpoint made with
+another config stops the plan rather than mixing results. With --max-minutes M a long plan
+advances in chunks: no run starts after M minutes, nor a run expected to end after them
+(expected: the wall time of the latest of the plan's finished records of the same cell, plus a
+minute to start; a cell with none yet starts whenever time is left), which waits for the next
+invocation while shorter runs after it go ahead. At the end <out>/table.md and one plot per
+alpha and metric are written from the records there.
 """
 
 from __future__ import annotations
@@ -41,12 +42,13 @@ import sys
 import tempfile
 import time
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import yaml
 
 from fedgo_app.config import Config, ConfigError
+from fedgo_app.server import checkpoint
 from fedgo_lab.central import central_run_config, train_central
 from fedgo_lab.cli import add_out_flag, add_repo_flag, repo_of
 from fedgo_lab.report import (CENTRAL, FOCUS, by_alpha, label, load_records, plot_rounds,
@@ -54,7 +56,7 @@ from fedgo_lab.report import (CENTRAL, FOCUS, by_alpha, label, load_records, plo
 
 PLAN_KEYS = ("name", "preset", "config", "federation", "alphas", "seeds", "cells", "central")
 # Where a record may differ from the cell that made it and still stand for it.
-PLACEMENT_KEYS = ("results-dir", "run-name")
+PLACEMENT_KEYS = ("results-dir", "run-name", "resume-from")
 PROGRESS = re.compile(r"(round \d+ \||pre-FL: (generator step \d+0/|sending|odds)|ERROR|rejected)")
 PLOT_METRICS = ("server_test_acc", "ensemble_test_acc")
 START_SECONDS = 60  # a `flwr run` beyond its record's wall time: SuperLink, Ray, the FAB
@@ -144,7 +146,26 @@ def finished(cell: Cell, out: Path) -> bool:
     path = out / cell.run_name / "record.json"
     if not path.exists():
         return False
-    recorded = json.loads(path.read_text())["config"]
+    check_same_config(json.loads(path.read_text())["config"], cell, path)
+    return True
+
+
+def going_on(cell: Cell, out: Path) -> Cell:
+    """The cell, set to go on from its newest checkpoint where a run of it stopped part-way
+    (checkpoints in its folder, no record): it ends as the uninterrupted run would
+    (tests/test_resilience.py). Delete the folder to start it afresh; a resume-from given
+    stands."""
+    folder = out / cell.run_name
+    newest = checkpoint.newest(folder)
+    if (cell.central is not None or newest is None or cell.run_config.get("resume-from")
+            or (folder / "record.json").exists()):
+        return cell
+    check_same_config(checkpoint.load(newest)[1]["record"]["data"]["config"], cell, newest)
+    return replace(cell, run_config={**cell.run_config, "resume-from": str(newest)})
+
+
+def check_same_config(recorded: dict, cell: Cell, path: Path) -> None:
+    """Fail unless `recorded` (a record's or checkpoint's config) is the cell's."""
     defaults = Config().to_run_config()
 
     def same(key: str) -> bool:
@@ -156,9 +177,8 @@ def finished(cell: Cell, out: Path) -> bool:
 
     differ = sorted(k for k in set(recorded) | set(cell.run_config) if not same(k))
     if differ:
-        raise PlanError(f"{path} was made with another config (keys {differ}); move it away "
-                        f"or choose another --out")
-    return True
+        raise PlanError(f"{path} was made with another config (keys {differ}); move its run "
+                        "folder away or choose another --out")
 
 
 def toml_text(run_config: dict) -> str:
@@ -296,15 +316,18 @@ def main(argv: list[str] | None = None) -> int:
         plan = load_plan(args.plan)
         out = (args.out or repo / "results" / "bench" / plan.get("name", args.plan.stem)).resolve()
         cells = cells_of(plan, out, repo)
-        todo = [c for c in cells if not finished(c, out)]
+        todo = [going_on(c, out) for c in cells if not finished(c, out)]
     except (PlanError, OSError, yaml.YAMLError, tomllib.TOMLDecodeError) as err:
         print(f"[bench] bad plan: {err}", file=sys.stderr)
         return 2
     print(f"[bench] {args.plan}: {len(cells)} cells, {len(cells) - len(todo)} finished, "
           f"{len(todo)} to run -> {out}", flush=True)
     if args.dry_run:
+        going = {c.run_name: c.run_config.get("resume-from") for c in todo}
         for c in cells:
-            print(f"  {'done' if c not in todo else 'todo'}  {c.run_name}")
+            state = "todo" if c.run_name in going else "done"
+            resume = f" (goes on from {going[c.run_name]})" if going.get(c.run_name) else ""
+            print(f"  {state}  {c.run_name}{resume}")
         return 0
     running_before = local_superlinks(flwr_home())
     try:
@@ -334,7 +357,8 @@ def run_plan(args, plan: dict, todo: list[Cell], cells: list[Cell], out: Path,
                   flush=True)
             deferred.append(cell)
             continue
-        print(f"{tag} started", flush=True)
+        resume = cell.run_config.get("resume-from")
+        print(f"{tag} started" + (f", going on from {resume}" if resume else ""), flush=True)
         cell_start = time.perf_counter()
         if cell.central is not None:
             train_central(cell.central, cell.run_config["central-epochs"], out)

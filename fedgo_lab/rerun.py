@@ -10,7 +10,8 @@ code with no SuperLink and no Ray, the clients one after another, so the tool ru
 PyTorch and Flower import (a GPU host without Ray, say). No RUN names means every federated
 cell of the plan. The records it writes are ordinary run records (in --out, default
 results/rerun/<plan name>) with the device that made them; like the bench runner it skips a
-cell whose record is already there with the same config, so an interrupted call resumes.
+cell whose record is already there with the same config, so an interrupted call resumes, and
+a run stopped part-way goes on from its newest checkpoint (delete its folder to start afresh).
 --parallel N runs N cells at once in separate processes (a GPU is far from busy with one
 small CNN run; 1, the default, runs them one after another in this process) with --threads
 torch threads each (default: the cores shared among them); --max-minutes M
@@ -36,7 +37,7 @@ import yaml
 
 from fedgo_app.config import Config, ConfigError
 from fedgo_flwr.train import device_name, resolve_device
-from fedgo_lab.bench import Cell, PlanError, cells_of, finished, load_plan
+from fedgo_lab.bench import Cell, PlanError, cells_of, finished, going_on, load_plan
 from fedgo_lab.cli import add_config_flag, add_out_flag, add_repo_flag, config_values, repo_of
 from fedgo_lab.report import last_mean
 
@@ -140,14 +141,19 @@ def main(argv: list[str] | None = None) -> int:
     configs = {}  # every cell's config is checked before the first one runs
     for name in names:
         try:
-            configs[name] = Config.from_run_config({**cells[name].run_config, **overrides})
+            cfg = Config.from_run_config({**cells[name].run_config, **overrides})
+            cell = Cell(name, cfg.to_run_config())
+            if not finished(cell, out):  # a run stopped part-way goes on from its checkpoint
+                configs[name] = Config.from_run_config(going_on(cell, out).run_config)
         except ConfigError as err:
             parser.error(f"--config: {err}")
-    try:
-        done = [n for n in names if finished(Cell(n, configs[n].to_run_config()), out)]
-    except PlanError as err:
-        parser.error(str(err))
-    todo = [n for n in names if n not in done]
+        except PlanError as err:
+            parser.error(str(err))
+    todo = [n for n in names if n in configs]
+    done = [n for n in names if n not in configs]
+    for name in todo:
+        if configs[name].resume_from:
+            print(f"[rerun] {name} goes on from {configs[name].resume_from}", flush=True)
     label = device_label()
     print(f"[rerun] {len(todo)} of {len(names)} cells to run on {label}, {args.parallel} at a "
           f"time ({len(done)} already in {out})", flush=True)

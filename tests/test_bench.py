@@ -93,6 +93,31 @@ def test_finished_cells_are_skipped_and_stale_records_refused(tmp_path, capsys):
         finished(cell, tmp_path)
 
 
+def test_a_run_stopped_part_way_goes_on_from_its_newest_checkpoint(tmp_path, monkeypatch,
+                                                                  capsys):
+    from fedgo_app.server import checkpoint
+    started = []
+    monkeypatch.setattr(bench, "run_cell", lambda cell, *_: started.append(cell.run_config))
+    out = tmp_path / "out"
+    plan = write_plan(tmp_path, cells=["fedavg"], alphas=[0.1], seeds=[0, 1])
+    cell = cells_of(load_plan(plan), out, REPO)[0]
+    # what the harness reads of a checkpoint: its run's config (the real resume: test_rerun.py)
+    for server_round in (1, 2):
+        checkpoint.save(out / cell.run_name, server_round,
+                        {"record": {"data": {"config": cell.run_config}}}, keep=2)
+    newest = str(checkpoint.path_of(out / cell.run_name, 2))
+    assert main([str(plan), "--out", str(out), "--dry-run"]) == 0
+    assert f"todo  {cell.run_name} (goes on from {newest})" in capsys.readouterr().out
+    assert main([str(plan), "--out", str(out)]) == 0
+    assert [c["resume-from"] for c in started] == [newest, ""]  # seed 1 starts afresh
+    assert f"started, going on from {newest}" in capsys.readouterr().out
+    checkpoint.save(out / cell.run_name, 3, {"record": {"data": {"config": {
+        **cell.run_config, "local-epochs": 5}}}}, keep=2)
+    assert main([str(plan), "--out", str(out)]) == 2
+    assert "round-0003.pt was made with another config (keys ['local-epochs'])" in \
+        capsys.readouterr().err
+
+
 def test_max_minutes_starts_no_run_after_the_budget(tmp_path, monkeypatch, capsys):
     import time
     started = []

@@ -75,3 +75,30 @@ def test_a_whole_plan_runs_in_parallel_resumes_and_keeps_to_its_time(tmp_path, t
     assert "| fedavg-a0.5-s1 |" in capsys.readouterr().out
     assert rerun.main(common) == 0  # both records there: the call resumes with nothing to do
     assert "0 of 2 cells to run" in capsys.readouterr().out
+
+
+def test_a_cell_stopped_part_way_goes_on_from_its_newest_checkpoint(tmp_path, tiny_data_dir,
+                                                                    capsys):
+    plan = tiny_plan(tmp_path, tiny_data_dir)
+    out = tmp_path / "out"
+    common = [str(plan), "--out", str(out), "--repo", str(REPO), "--threads", "1",
+              "--config", "checkpoint-keep=2"]
+    assert rerun.main(common) == 0
+    folder = out / "fedavg-a0.5-s0"
+    whole = json.loads((folder / "record.json").read_text())
+    # as if stopped during round 2: round 1's checkpoint, no record
+    (folder / "record.json").unlink()
+    (folder / "checkpoints" / "round-0002.pt").unlink()
+    assert rerun.main(common) == 0
+    assert "fedavg-a0.5-s0 goes on from" in capsys.readouterr().out
+    resumed = json.loads((folder / "record.json").read_text())
+    assert resumed["resumed"][0]["after_round"] == 1
+    assert [r["server_test_acc"] for r in resumed["rounds"]] == \
+        [r["server_test_acc"] for r in whole["rounds"]]
+    # a checkpoint made with another config stops the call before anything runs
+    (folder / "record.json").unlink()
+    with pytest.raises(SystemExit) as stop:
+        rerun.main([*common, "local-epochs=2"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "round-0002.pt was made with another config" in err
+    assert "['local-epochs']" in err and "move its run folder away" in err

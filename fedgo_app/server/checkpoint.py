@@ -59,16 +59,23 @@ def save(run_dir: Path, server_round: int, state: dict, keep: int) -> Path | Non
     return path
 
 
+def newest(folder: Path) -> Path | None:
+    """The newest checkpoint in a run folder or its checkpoints folder; None where none is."""
+    for place in (Path(folder) / FOLDER, Path(folder)):
+        found = sorted(place.glob("round-*.pt")) if place.is_dir() else []
+        if found:
+            return found[-1]
+    return None
+
+
 def find(location: str | Path) -> Path:
     """The checkpoint `location` names: a checkpoint file, a run folder or its checkpoints
     folder (then the newest checkpoint in it)."""
     location = Path(location).expanduser()
     if location.is_file():
         return location
-    for folder in (location / FOLDER, location):
-        found = sorted(folder.glob("round-*.pt")) if folder.is_dir() else []
-        if found:
-            return found[-1]
+    if found := newest(location):
+        return found
     raise FileNotFoundError(
         f"resume-from = {str(location)!r}: no checkpoint there; give a checkpoint file "
         f"(<run>/{FOLDER}/round-NNNN.pt) or a run folder holding {FOLDER}/ (checkpoints are "
