@@ -89,7 +89,8 @@ class Config(PreFLKeys, DistillationKeys, NodeKeys, RoundKeys, DataKeys, RunKeys
 
     def unread_keys(self) -> list[str]:
         """Keys set away from their default that the chosen strategy never reads."""
-        reads = {*EVERY_STRATEGY, *STRATEGIES.reads(self.strategy, self.strategy_keys)}
+        reads = {*EVERY_STRATEGY, *STRATEGIES.reads(self.strategy, self.strategy_keys),
+                 *((self.client_method,) if self.client_method else ())}
         given = self.to_run_config()
         return [name for name, d in declared_keys().items()
                 if given[name] != d.default and not reads.intersection(d.groups)]
@@ -168,6 +169,9 @@ class Config(PreFLKeys, DistillationKeys, NodeKeys, RoundKeys, DataKeys, RunKeys
                               "'discriminator-calibration' = "
                               f"{self.discriminator_calibration!r} the odds are already "
                               "uncapped: use weighting = \"odds\"")
+        if self.client_method and (why := STRATEGIES.method_problem(self.strategy,
+                                                                    self.client_method)):
+            raise ConfigError(f"run-config key 'client-method' is {self.client_method!r}: {why}")
         for name, spec in STRATEGIES.items():  # each strategy checks its own keys
             if spec.keys is not None:
                 own = self.keys(name)

@@ -1,6 +1,6 @@
-"""The run-config keys every strategy shares, one dataclass a group (the reference's
-sections); `fedgo_app.config.Config` is all of them, with the strategies' own keys. Each key is
-declared once here with `keys.key(default, meaning, allowed, groups)`."""
+"""The run-config keys every strategy shares, one dataclass a group (the reference's sections),
+each declared once with `keys.key(default, meaning, allowed, groups)`; `config.Config` adds
+the strategies' own."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from fedgo_app.data import DATASETS, PARTITIONERS, dataset_name_problem
 from fedgo_app.generators import GENERATOR_SOURCES
 from fedgo_app.strategies import STRATEGIES
 from fedgo_flwr.aggregation import AGGREGATORS
-from fedgo_flwr.architectures import parse_client_models
+from fedgo_flwr.architectures import client_models_ok
 from fedgo_flwr.defences import SCREENS
 from fedgo_flwr.distill import DISTILL_BUDGETS, DISTILL_SETS, ENSEMBLE_SPACES, GUARDS, VIEW_DRAWS
 from fedgo_flwr.gan import CALIBRATIONS, NEGATIVES
@@ -19,15 +19,6 @@ from fedgo_flwr.keys import AT_LEAST_ONE, FRACTION, NON_NEGATIVE, POSITIVE, Allo
 from fedgo_flwr.models import CLASSIFIERS, model_name_problem
 from fedgo_flwr.train import OPTIMIZERS
 from fedgo_flwr.weighting import WEIGHTINGS
-
-
-def client_models_ok(text: str) -> bool:
-    if not text.strip():
-        return True
-    try:
-        return all(model_name_problem(name) is None for name, _ in parse_client_models(text))
-    except ValueError:
-        return False
 
 
 # Groups of keys: a key's first group is its section in the reference. Every strategy reads
@@ -46,6 +37,7 @@ GROUPS = {
     "pre-fl": "FedGO's pre-FL stage (Algorithm 3)",
 }
 EVERY_STRATEGY = ("run", "data", "rounds", "nodes", "device", "robustness")
+CLIENT_METHODS = [name for name, spec in STRATEGIES.items() if spec.clients]  # client-method's
 
 
 @dataclass(frozen=True)
@@ -53,6 +45,10 @@ class RunKeys:
     """What runs: the method, the dataset, the model, the seed and where results go."""
     strategy: str = key("fedgo", "the method; see the strategies table in the README",
                         OneOf(STRATEGIES))
+    client_method: str = key("", "the clients' method under the strategy's server, with its own "
+                             "keys (docs/library.md); \"\" = the strategy's own clients",
+                             Allowed(f"\"\" or one of {', '.join(CLIENT_METHODS)}",
+                                     lambda v: v in ("", *CLIENT_METHODS)))
     dataset: str = key("fmnist", "the dataset: fmnist, cifar10, cifar100 (torchvision's "
                        "classes, from data-dir, else downloaded), imagenet100 (downsampled, an "
                        "ImageFolder tree <data-dir>/imagenet100/{train,val}/<wnid>/) or folder (an "

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from fedgo_flwr.models import model_name_problem
+
 SEP = "/"
 
 
@@ -65,3 +67,13 @@ def split(state: dict, architectures: list[str]) -> dict[str, dict]:
 def join(states: dict[str, dict]) -> dict:
     """One state holding every architecture's model, tensors named "<architecture>/<name>"."""
     return {f"{a}{SEP}{name}": v for a, state in states.items() for name, v in state.items()}
+
+
+def client_models_ok(text: str) -> bool:
+    """Whether `text` is empty or names registered models with their shares."""
+    if not text.strip():
+        return True
+    try:
+        return all(model_name_problem(name) is None for name, _ in parse_client_models(text))
+    except ValueError:
+        return False

@@ -4,9 +4,10 @@ ClientApp handler calls, and `register`, which adds them to a user's `ClientApp`
 A FedDF client trains as FedAvg's does (Flower's own `train` handler); a client of Flower's own
 `FedProx` adds `proximal_term` to its loss. FedGO's server sends message type
 `train.discriminator` once (Algorithm 3); DaFKD's sends `train.dafkd` instead of `train`
-every round, FedGen's `train.fedgen`, FedGKD's `train.fedgkd`, FedUV's `train.feduv`,
-FedTGP's `train.fedtgp`, SCAFFOLD's `train.scaffold` (the clients' control variates kept in
-`context.state`),
+every round, FedGen's `train.fedgen`, FedTGP's `train.fedtgp`; the client methods' (under
+any server, fedgo_flwr.strategies.client_methods) FedGKD's `train.fedgkd`, FedUV's
+`train.feduv`, SCAFFOLD's `train.scaffold` (the clients' control variates kept in
+`context.state`), all answered by `local_update`;
 FedBPG's `train.fedbpg` and, for its clients' personal models, `evaluate.fedbpg` instead of
 `evaluate`; FedDisco asks each client once `query.label_counts`. The distillation guard's
 `ClientsGuard` sends `evaluate.candidates`; `client_key="partition-id"` sends
@@ -26,19 +27,20 @@ from fedgo_flwr.sampling import QUERY_PARTITION, partition_reply
 from fedgo_flwr.seeds import client_seed
 from fedgo_flwr.strategies.dafkd import TRAIN_DAFKD, domain_aware_update
 from fedgo_flwr.strategies.feddisco import QUERY_LABEL_COUNTS, label_counts_reply
-from fedgo_flwr.strategies.fedgkd import TRAIN_FEDGKD, historical_update
+from fedgo_flwr.strategies.client_methods import local_update
+from fedgo_flwr.strategies.fedgkd import TRAIN_FEDGKD
 from fedgo_flwr.strategies.fedtgp import TRAIN_FEDTGP, prototype_update
-from fedgo_flwr.strategies.feduv import TRAIN_FEDUV, uniform_variance_update
+from fedgo_flwr.strategies.feduv import TRAIN_FEDUV
 from fedgo_flwr.strategies.fedbpg import (EVALUATE_FEDBPG, TRAIN_FEDBPG, personalised_evaluate,
                                           personalised_update)
 from fedgo_flwr.strategies.fedgen import TRAIN_FEDGEN, generated_feature_update
 from fedgo_flwr.strategies.fedgo import TRAIN_DISCRIMINATOR, discriminator_update
-from fedgo_flwr.strategies.scaffold import TRAIN_SCAFFOLD, controlled_update
+from fedgo_flwr.strategies.scaffold import TRAIN_SCAFFOLD
 
-__all__ = ["controlled_update", "discriminator_update", "domain_aware_update",
-           "evaluate_candidates", "generated_feature_update", "historical_update",
+__all__ = ["discriminator_update", "domain_aware_update",
+           "evaluate_candidates", "generated_feature_update", "local_update",
            "label_counts_reply", "partition_reply", "personalised_evaluate",
-           "personalised_update", "proximal_term", "register", "uniform_variance_update"]
+           "personalised_update", "proximal_term", "register"]
 
 
 def proximal_term(model: nn.Module, anchor: list[torch.Tensor], mu: float) -> torch.Tensor:
@@ -126,11 +128,12 @@ def client_handlers(model_fn: Callable[[], nn.Module], data_fn: Callable[[Contex
     return {TRAIN_DISCRIMINATOR: discriminator, EVALUATE_CANDIDATES: candidates,
             QUERY_PARTITION: lambda m, context: partition_reply(m, context.node_config),
             QUERY_LABEL_COUNTS: lambda m, context: label_counts_reply(m, data_fn(context)),
-            TRAIN_DAFKD: trains(domain_aware_update),
+            TRAIN_DAFKD: trains(domain_aware_update, state=True),  # a client method's c_i
             TRAIN_FEDGEN: trains(generated_feature_update, seeded=False),
-            TRAIN_SCAFFOLD: trains(controlled_update, state=True),
-            TRAIN_FEDGKD: trains(historical_update),
-            TRAIN_FEDUV: trains(uniform_variance_update),
+            # the client methods' (SCAFFOLD's, FedGKD's, FedUV's): one step, its terms named
+            # by the train config
+            **{t: trains(local_update, state=True) for t in (TRAIN_SCAFFOLD, TRAIN_FEDGKD,
+                                                              TRAIN_FEDUV)},
             TRAIN_FEDTGP: trains(prototype_update),
             TRAIN_FEDBPG: trains(personalised_update, state=True, seeded=False),
             EVALUATE_FEDBPG: fedbpg_evaluate}

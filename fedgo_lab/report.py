@@ -73,8 +73,9 @@ def of_architecture(records: list[dict], architecture: str) -> list[dict]:
 def mean_std(values: list[float]) -> str:
     if not values:
         return "-"
-    std = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{100 * statistics.mean(values):.2f} ± {100 * std:.2f}"
+    if len(values) == 1:  # one seed is one value, not a spread of zero
+        return f"{100 * values[0]:.2f}"
+    return f"{100 * statistics.mean(values):.2f} ± {100 * statistics.stdev(values):.2f}"
 
 
 # The central-training reference (fedgo_lab.central): a record, but no strategy of the app.
@@ -118,8 +119,8 @@ def rounds_to_target(records: list[dict], target: float, metric: str = "server_t
     hits = [t for t in reached if t is not None]
     if not hits:
         return "not reached"
-    std = statistics.stdev(hits) if len(hits) > 1 else 0.0
-    text = f"{statistics.mean(hits):.1f} ± {std:.1f}"
+    text = (f"{statistics.mean(hits):.1f} ± {statistics.stdev(hits):.1f}" if len(hits) > 1
+            else f"{hits[0]:.1f}")
     return text if len(hits) == len(reached) else f"{text} ({len(hits)}/{len(reached)} seeds)"
 
 
@@ -443,6 +444,53 @@ def seed_differences(records: list[dict], of: str = FOCUS,
     return "\n".join(lines)
 
 
+def paired_interval(diffs: list[float], level: float = 0.95) -> tuple[float, float, float]:
+    """The mean of per-seed paired differences and its `level` Student-t interval over the
+    seeds (nan bounds for one seed)."""
+    from scipy import stats
+    n, mean = len(diffs), sum(diffs) / len(diffs)
+    if n < 2:
+        return mean, float("nan"), float("nan")
+    sd = (sum((d - mean) ** 2 for d in diffs) / (n - 1)) ** 0.5
+    half = stats.t.ppf(0.5 + level / 2, n - 1) * sd / n ** 0.5
+    return mean, mean - half, mean + half
+
+
+def verdict(mean: float, low: float, high: float, n: int) -> str:
+    """"leads" where the interval is above zero, "trails" where below, "level" where it
+    straddles zero; one seed is one value, no verdict."""
+    if n < 2:
+        return "one seed"
+    return "leads" if low > 0 else "trails" if high < 0 else "level"
+
+
+def paired_table(records: list[dict], of: str, against: list[str], window: int = 10,
+                 metric: str = "server_test_acc") -> str:
+    """Per alpha and baseline: `metric` of row `of` minus the baseline's over the last
+    `window` rounds, seed by seed (same seed), their mean with a 95 % interval over the seeds
+    and what it says (`verdict`)."""
+    cells: dict[tuple, dict[str, float]] = defaultdict(dict)
+    for (name, alpha), recs in rows(records, central=False).items():
+        for rec in recs:
+            cells[(alpha, rec["config"]["seed"])][name] = last_mean(rec, window, metric)
+    lines = [f"| alpha | {of} minus | seeds | per seed (points) | mean [95 % interval] | |",
+             "|---|---|---|---|---|---|"]
+    for alpha in sorted({a for a, _ in cells}, reverse=True):
+        for other in against:
+            seeds = sorted(s for (a, s), row in cells.items()
+                           if a == alpha and of in row and other in row)
+            if not seeds:
+                continue
+            diffs = [100 * (cells[(alpha, s)][of] - cells[(alpha, s)][other]) for s in seeds]
+            mean, low, high = paired_interval(diffs)
+            shown = (f"{mean:+.2f} [{low:+.2f}, {high:+.2f}]" if len(diffs) > 1
+                     else f"{mean:+.2f}")
+            lines.append(f"| {alpha:g} | {other} | {', '.join(map(str, seeds))} | "
+                         + ", ".join(f"{d:+.1f}" for d in diffs)
+                         + f" | {shown} | {verdict(mean, low, high, len(diffs))} |")
+    return "\n".join(lines)
+
+
 # Columns of the per-round diagnostics table: (header, space, rule).
 DIAGNOSTIC_COLUMNS = (
     ("uniform", "logits", "uniform"), ("variance", "logits", "variance"),
@@ -702,6 +750,10 @@ def main(argv: list[str] | None = None) -> int:
                              "'fedgo[beta=4]') to every other row, in the last round, over the "
                              "last three and over all rounds (with --personalised: of the "
                              "personalised accuracy)")
+    parser.add_argument("--paired", type=int, metavar="N",
+                        help="with --of and --against: per alpha and baseline, the per-seed "
+                             "paired differences over the last N rounds, their mean with a "
+                             "95 %% interval over the seeds, and leads / level / trails")
     parser.add_argument("--against", nargs="+", metavar="LABEL",
                         help="with --of: only these rows, in this order (default: every other "
                              "row)")
@@ -796,6 +848,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.gap:
         print(gap_table(records, of=args.of or FOCUS))
+        return 0
+    if args.paired:
+        if not (args.of and args.against):
+            parser.error("--paired needs --of ROW and --against BASELINE ...")
+        print(paired_table(records, args.of, args.against, args.paired))
         return 0
     if args.horizon:
         print(horizon_table(records, args.horizon))

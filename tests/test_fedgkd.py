@@ -12,8 +12,8 @@ from flwr.supercore.task_identity import TaskIdentity
 from torch import nn
 
 from fedgo_flwr import FedGKD
-from fedgo_flwr.strategies.fedgkd import (HISTORICAL, TRAIN_FEDGKD, buffer_average,
-                                          historical_update)
+from fedgo_flwr.strategies.client_methods import local_update
+from fedgo_flwr.strategies.fedgkd import HISTORICAL, TRAIN_FEDGKD, buffer_average
 from fedgo_lab.inprocess import InProcessGrid
 from test_any_app import CLASSES, MLP, NODES, SMALL, TRAINING, accuracy, tiny_data, user_app
 
@@ -42,12 +42,13 @@ def test_one_full_batch_sgd_step_adds_half_gamma_times_the_tempered_kl():
     grads = torch.autograd.grad(loss, list(model.parameters()))
     expected = {n: p.detach() - lr * g for (n, p), g in zip(model.named_parameters(), grads)}
     config = ConfigRecord({"lr": lr, "local-epochs": 1, "optimizer": "sgd", "momentum": 0.0,
-                           "batch-size": 8, "kd-temperature": tau, "kd-weight": gamma})
+                           "batch-size": 8, "kd-temperature": tau, "kd-weight": gamma,
+                           "client-method": "fedgkd"})
     message = Message(RecordDict({"arrays": ArrayRecord(model.state_dict()),
                                   HISTORICAL: ArrayRecord(hist.state_dict()),
                                   "config": config}), dst_node_id=5, message_type=TRAIN_FEDGKD)
     fresh = nn.Sequential(nn.Flatten(), nn.Linear(4, 3))
-    reply = historical_update(message, fresh, (images, labels), seed=0)
+    reply = local_update(message, fresh, (images, labels), seed=0)
     trained = reply.content.array_records["arrays"].to_torch_state_dict()
     for name, value in expected.items():
         assert torch.allclose(trained[name], value, atol=1e-5)
@@ -64,6 +65,6 @@ def test_fedgkd_plus_runs_through_the_grid():
     result = strategy.start(grid=grid, initial_arrays=ArrayRecord(MLP(shape).state_dict()),
                             num_rounds=3, train_config=TRAINING, evaluate_fn=accuracy(shape))
     sent = [m for m in grid.sent if m.metadata.message_type == TRAIN_FEDGKD]
-    assert len(sent) == 3 * NODES and len(strategy.buffer) == 2  # M = 2: rounds 2 and 3
+    assert len(sent) == 3 * NODES and len(strategy.client_method.buffer) == 2  # M = 2: rounds 2 and 3
     assert result.train_metrics_clientapp[3]["distill-teachers"] == NODES  # the "+"
     assert result.evaluate_metrics_serverapp[3]["accuracy"] > 2 / CLASSES  # chance: 1/4

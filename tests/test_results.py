@@ -244,9 +244,9 @@ def test_the_horizon_table_shows_both_windows_the_best_round_and_the_time_to_tar
                                        " best round (%) ", " ensemble acc, last 2 (%) "]
     # fedgo: first two rounds 60, 70 -> 65; last two 60, 60; best 70; ensemble 55; round 2;
     # 100 + 20 s of pre-FL and two 30 s rounds
-    assert rows[3] == ("| fedgo | 0.1 | 0 | 5 | 65.00 ± 0.00 | 60.00 ± 0.00 | 70.00 ± 0.00 | "
-                       "55.00 ± 0.00 | 2.0 ± 0.0 | 180 (70%) |")
-    assert rows[2].endswith("| 5.0 ± 0.0 | 25 (70%) |")  # fedavg: five 5 s rounds
+    assert rows[3] == ("| fedgo | 0.1 | 0 | 5 | 65.00 | 60.00 | 70.00 | "
+                       "55.00 | 2.0 | 180 (70%) |")  # one seed: one value, no spread
+    assert rows[2].endswith("| 5.0 | 25 (70%) |")  # fedavg: five 5 s rounds
     first = seed_differences([fedavg, fedgo], of="fedgo", first=2).splitlines()
     assert first[0].startswith("| alpha | seed | fedgo, mean of first 2 (%) |")
     assert first[2] == "| 0.1 | 0 | 65.0 | +40.0 |"  # 65 against fedavg's 25
@@ -362,3 +362,22 @@ def test_the_kept_table_counts_the_rounds_that_kept_the_averaged_model():
     assert lines[4:] == ["| p | feddf-published (labelled val, 500 steps) | 0.1 | 1 | 2/3 | 1/2 | 3/5 |",
                          "| g | fedgo | 0.1 | 0 | 1/2 | 2/2 | 3/4 |"]
     assert kept_table([plain], 3).startswith("no record chooses")
+
+
+def test_paired_differences_say_leads_only_where_the_interval_is_above_zero():
+    from fedgo_lab.report import paired_interval, paired_table, verdict
+    mean, low, high = paired_interval([2.0, 2.5, 3.0])
+    assert mean == 2.5 and low == pytest.approx(2.5 - 4.303 * 0.5 / 3 ** 0.5, abs=1e-3)
+    assert verdict(mean, low, high, 3) == "leads"
+    assert verdict(*paired_interval([1.0, -2.0, 3.0]), 3) == "level"
+    assert verdict(*paired_interval([-1.0, -1.5, -1.2]), 3) == "trails"
+
+    def rec(strategy, seed, acc):
+        return {"config": {"strategy": strategy, "alpha": 0.1, "seed": seed},
+                "rounds": [{"round": t, "server_test_acc": acc} for t in range(12)]}
+    records = [rec("fedgo", 0, 0.80), rec("fedgo", 1, 0.82), rec("fedavg", 0, 0.78),
+               rec("fedavg", 1, 0.79), rec("fedprox", 0, 0.85)]
+    table = paired_table(records, "fedgo", ["fedavg", "fedprox"], window=10).splitlines()
+    assert table[2].startswith("| 0.1 | fedavg | 0, 1 | +2.0, +3.0 | +2.50 [")
+    assert table[2].endswith("| level |")  # two seeds: t(1) is wide
+    assert table[3] == "| 0.1 | fedprox | 0 | -5.0 | -5.00 | one seed |"

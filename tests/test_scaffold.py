@@ -12,9 +12,10 @@ from flwr.supercore.task_identity import TaskIdentity
 from torch import nn
 
 from fedgo_flwr import SCAFFOLD
-from fedgo_flwr.strategies.base import ClientModel, RoundReport
+from fedgo_flwr.strategies.base import ClientModel
 from fedgo_flwr.strategies.scaffold import (CLIENT_CONTROL, CONTROL, CONTROL_DELTA,
-                                            TRAIN_SCAFFOLD, controlled_update)
+                                            TRAIN_SCAFFOLD)
+from fedgo_flwr.strategies.client_methods import local_update
 from fedgo_lab.inprocess import InProcessGrid
 from test_any_app import CLASSES, MLP, NODES, TRAINING, accuracy, user_app
 
@@ -46,11 +47,11 @@ def test_one_full_batch_sgd_step_is_corrected_and_option_ii_gives_the_gradient()
 
     state = RecordDict({CLIENT_CONTROL: ArrayRecord(c_i)})
     config = ConfigRecord({"lr": lr, "local-epochs": 1, "optimizer": "sgd", "momentum": 0.0,
-                           "batch-size": 8, "seed": 0})
+                           "batch-size": 8, "seed": 0, "client-method": "scaffold"})
     message = Message(RecordDict({"arrays": ArrayRecord(linear().state_dict()),
                                   CONTROL: ArrayRecord(c), "config": config}),
                       dst_node_id=5, message_type=TRAIN_SCAFFOLD)
-    reply = controlled_update(message, linear(), (images, labels), state, seed=0)
+    reply = local_update(message, linear(), (images, labels), state, seed=0)
     y = reply.content.array_records["arrays"].to_torch_state_dict()
     delta = reply.content.array_records[CONTROL_DELTA].to_torch_state_dict()
     kept = state.array_records[CLIENT_CONTROL].to_torch_state_dict()
@@ -66,15 +67,15 @@ def test_the_server_steps_by_global_lr_and_moves_c_by_the_sum_over_all_clients()
     strategy = SCAFFOLD(model_fn=linear, global_lr=0.5)
     x = {k: torch.zeros_like(v) for k, v in linear().state_dict().items()}
     mean = {k: torch.ones_like(v) for k, v in x.items()}
-    strategy.sent, strategy.known = x, set(range(4))  # N = 4 clients, 2 of them this round
-    deltas = [{n: torch.full_like(t, d) for n, t in strategy.control.items()} for d in (1., 3.)]
+    method = strategy.client_method
+    method.sent, method.known = x, set(range(4))  # N = 4 clients, 2 of them this round
+    deltas = [{n: torch.full_like(t, d) for n, t in method.control.items()} for d in (1., 3.)]
     models = [ClientModel(k, 10, RecordDict(), {}, {CONTROL_DELTA: ArrayRecord(d)}, k)
               for k, d in enumerate(deltas)]
-    report = RoundReport(1, {}, models, {}, None, None, {})
-    arrays, info = strategy.server_update(1, ArrayRecord(mean), models, report)
+    arrays, info = method.server_step(1, ArrayRecord(mean), models)
     for v in arrays.to_torch_state_dict().values():
         assert torch.allclose(v, torch.full_like(v, 0.5))  # x + 0.5 (mean - x)
-    for c in strategy.control.values():
+    for c in method.control.values():
         assert torch.allclose(c, torch.full_like(c, 1.0))  # (1 + 3) / 4
     assert info["clients-known"] == 4
 

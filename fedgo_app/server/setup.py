@@ -3,7 +3,7 @@ split, if any), the class names and where it computes; it builds the run's class
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -27,6 +27,9 @@ class ServerSetup:
     val_x: torch.Tensor = torch.empty(0, dtype=torch.uint8)  # labelled validation split, if any
     val_y: torch.Tensor = torch.empty(0, dtype=torch.long)
     classes: tuple[str, ...] = ()  # class names; a node reporting others is refused
+    # the library keywords of the clients' method (run-config key client-method), set by the
+    # registry (fedgo_app.strategies.registry.Registry.server)
+    client_keywords: dict = field(default_factory=dict)
 
     @property
     def amp(self) -> bool:

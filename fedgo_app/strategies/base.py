@@ -38,7 +38,7 @@ from fedgo_flwr.replies import payload_bytes
 from fedgo_flwr.sampling import sample_clients
 from fedgo_flwr.seeds import round_seed
 from fedgo_flwr.strategies.base import ClientModel
-from fedgo_flwr.strategies.base import RoundReport, ServerUpdateFedAvg
+from fedgo_flwr.strategies.base import METHOD_KEY, RoundReport, ServerUpdateFedAvg
 from fedgo_flwr.strategies.label_counts import label_counts_problem
 
 
@@ -52,9 +52,6 @@ class FedAvgStrategy(ServerUpdateFedAvg):
     runs its rounds."""
 
     has_ensemble = False
-    # the app's clients train as the run config says (fedgo_app/strategies/clients.py), in
-    # the train config this class builds: nothing for `start` to ask of its caller
-    client_training: tuple[str, ...] = ()
     # Clients of different architectures (fedgo_flwr/architectures.py): FedAvg and FedProx
     # average each architecture among its own clients; a strategy that cannot says why.
     mixes_architectures = True
@@ -71,7 +68,8 @@ class FedAvgStrategy(ServerUpdateFedAvg):
         cfg = setup.cfg
         super().__init__(model_fn=setup.new_classifier, seed=cfg.seed, device=setup.device,
                          fraction_train=cfg.fraction_train, min_train_nodes=MIN_CLIENTS,
-                         min_available_nodes=1, client_key=self.partition_of, **keywords)
+                         min_available_nodes=1, client_key=self.partition_of,
+                         **setup.client_keywords, **keywords)
         # Flower's client-side evaluation is off: personal-test-fraction asks the clients in
         # `evaluate_round`, by partition. (Said after the constructor, which would warn.)
         self.fraction_evaluate, self.min_evaluate_nodes = 0.0, 0
@@ -125,11 +123,18 @@ class FedAvgStrategy(ServerUpdateFedAvg):
                 raise ConfigError(f"the clients run {', '.join(self.architectures.names)}: "
                                   f"{why}")
 
+    def check_training(self, train_config: ConfigRecord) -> None:
+        """Nothing for `start` to ask of its caller: the app's clients train as the run config
+        says (clients.py), in the train config `train_config` below builds."""
+
     def mixed_problem(self) -> str | None:
         """Why this run cannot mix architectures, or None."""
         if not self.mixes_architectures:
             return (f"strategy {self.cfg.strategy!r} works in one model's feature space and "
                     "cannot mix architectures; use fedavg, fedprox, feddf or fedgo")
+        if self.client_method is not None:
+            return (f"client-method {self.cfg.client_method!r} keeps state shaped like one "
+                    "model (c, the buffer) and cannot mix architectures")
         return None
 
     def initial_model(self) -> ArrayRecord:
@@ -157,8 +162,19 @@ class FedAvgStrategy(ServerUpdateFedAvg):
         return conf
 
     def train_content(self, server_round: int, arrays: ArrayRecord) -> RecordDict:
-        """What every sampled client receives: the global model and the train config."""
-        return RecordDict({"arrays": arrays, "config": self.train_config(server_round)})
+        """What every sampled client receives: the global model and the train config, and
+        what the clients' method sends (the library's `client_method`: SCAFFOLD's c, ...)."""
+        content = RecordDict({"arrays": arrays, "config": self.train_config(server_round)})
+        if self.client_method is not None:
+            extra, settings = self.client_method.payload(server_round, arrays)
+            content["config"].update({METHOD_KEY: self.client_method.name, **settings})
+            for name, record in extra.items():
+                content[name] = record
+        return content
+
+    def known_clients(self) -> set:
+        """Every partition of the federation (SCAFFOLD's N)."""
+        return set(self.clients.partition_ids)
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
@@ -213,9 +229,9 @@ class FedAvgStrategy(ServerUpdateFedAvg):
             if self.label_counts_in_replies else None)
 
     def train_extras(self, server_round: int) -> dict[str, dict[str, torch.Tensor]]:
-        """The arrays a train reply carries besides the model (name -> template); FedAvg's
-        carry none."""
-        return {}
+        """The arrays a train reply carries besides the model (name -> template): those of
+        the clients' method (FedAvg's carry none)."""
+        return self.client_method.reply_templates() if self.client_method else {}
 
     def collect(self, replies: Iterable[Message], array_key: str, template, expected: dict,
                 extras: dict[str, dict[str, torch.Tensor]] | None = None
@@ -279,8 +295,10 @@ class FedAvgStrategy(ServerUpdateFedAvg):
         """The library strategy's server update (`server_update`: FedAvg keeps the average)
         on the round as the library sees it; its observers (the record) see it after."""
         report = self.library_report(server_round, averaged, models)
-        report.arrays, report.metrics = self.server_update(
+        self.method_step(server_round, report)  # the clients' method's step comes first
+        report.arrays, metrics = self.server_update(
             server_round, report.averaged, report.clients, report)
+        report.metrics.update(metrics)
         for observe in self.observers:
             observe(report)
         return report.arrays.to_torch_state_dict()
@@ -303,11 +321,16 @@ class FedAvgStrategy(ServerUpdateFedAvg):
 
     # --- checkpoints
     def state_dict(self) -> dict:
-        """What carries across rounds (see `carried`)."""
-        return {name: (value.state_dict() if hasattr(value, "state_dict") else value)
-                for name in self.carried for value in [getattr(self, name)]}
+        """What carries across rounds (see `carried`, and the clients' method's)."""
+        state = {name: (value.state_dict() if hasattr(value, "state_dict") else value)
+                 for name in self.carried for value in [getattr(self, name)]}
+        if self.client_method is not None:
+            state["client_method"] = self.client_method.state_dict()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
+        if self.client_method is not None:
+            self.client_method.load_state_dict(state["client_method"])
         for name in self.carried:
             current = getattr(self, name)
             if hasattr(current, "load_state_dict"):

@@ -81,7 +81,7 @@ class DaFKDApp(EnsembleApp, LibraryDaFKD):
 
     def train_extras(self, server_round: int) -> dict[str, dict[str, torch.Tensor]]:
         """Train replies also carry D_k's head, and G in the generator rounds."""
-        need = {HEAD: self.head.state_dict()}
+        need = {**super().train_extras(server_round), HEAD: self.head.state_dict()}
         if self.trains_generator(server_round):
             need[GENERATOR] = self.generator.state_dict()
         return need
@@ -99,5 +99,5 @@ class DaFKDApp(EnsembleApp, LibraryDaFKD):
 
 # DaFKD's local step (fedgo_flwr's) on S_k with this client's architecture
 DAFKD = StrategySpec("dafkd", DaFKDApp,
-                     {**CLIENT, "train": library_step(domain_aware_update_on)},
+                     {**CLIENT, "train": library_step(domain_aware_update_on, state=True)},
                      keys=DaFKDKeys, reads=(*READS, "generator"), marks=MARKS)

@@ -8,16 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from flwr.app import ArrayRecord, ConfigRecord, RecordDict
-
 from fedgo_app.server.record import RunRecord
 from fedgo_app.strategies.base import ServerSetup
-from fedgo_app.strategies.clients import library_step
 from fedgo_app.strategies.ensemble import ENSEMBLE_CLIENT, MARKS, READS, EnsembleApp
 from fedgo_app.strategies.registry import StrategySpec
 from fedgo_flwr.keys import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, key
 from fedgo_flwr.strategies.fedgkd import FedGKD as LibraryFedGKD
-from fedgo_flwr.strategies.fedgkd import historical_update
+from fedgo_flwr.strategies.fedgkd import HistoricalTeacher
 
 
 @dataclass(frozen=True)
@@ -32,27 +29,21 @@ class FedGKDKeys:
 
 
 class FedGKDApp(EnsembleApp, LibraryFedGKD):
-    """The library's FedGKD+; the app sends the buffer's average with its `train` messages."""
-    mixes_architectures = False  # one buffer of one architecture's models
-    carried = ("buffer",)
+    """The library's FedGKD+ (its `HistoricalTeacher` clients, which the app's train handler
+    runs when the train config names them); the buffer's average goes out with the `train`
+    messages."""
 
     def __init__(self, setup: ServerSetup, record: RunRecord):
         keys = setup.cfg.keys("fedgkd")
         super().__init__(setup, record, None, buffer_size=keys.buffer_size,
                          kd_temperature=keys.temperature, kd_weight=keys.weight)
 
-    def train_content(self, server_round: int, arrays: ArrayRecord) -> RecordDict:
-        content = super().train_content(server_round, arrays)
-        for name, record in self.historical(arrays).items():
-            content[name] = record
-        return content
 
-    def train_config(self, server_round: int) -> ConfigRecord:
-        conf = super().train_config(server_round)
-        conf.update(self.kd)
-        return conf
+def clients(cfg) -> dict:
+    """FedGKD's clients under another strategy's server (client-method = fedgkd)."""
+    keys = cfg.keys("fedgkd")
+    return {"client_method": HistoricalTeacher(keys.buffer_size, keys.temperature, keys.weight)}
 
 
-FEDGKD = StrategySpec("fedgkd", FedGKDApp,
-                      {**ENSEMBLE_CLIENT, "train": library_step(historical_update)},
-                      keys=FedGKDKeys, reads=READS, marks=MARKS)
+FEDGKD = StrategySpec("fedgkd", FedGKDApp, ENSEMBLE_CLIENT, keys=FedGKDKeys, reads=READS,
+                      marks=MARKS, clients=clients)

@@ -11,13 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from flwr.app import Message
-
-from fedgo_app.client_context import Local, config_of
-from fedgo_flwr.keys import POSITIVE, choice, key
-from fedgo_app.strategies.base import CLIENT, local_update
+from fedgo_app.strategies.base import CLIENT
 from fedgo_app.strategies.registry import StrategySpec
-from fedgo_flwr.client import proximal_term
+from fedgo_flwr.keys import POSITIVE, choice, key
 
 
 @dataclass(frozen=True)
@@ -33,34 +29,25 @@ class FedProxKeys:
         # The proximal term replaces the plain ClientUpdate: it composes with the strategies
         # whose clients train as FedAvg's do (not with FedGen's own local objective).
         choice("fedprox-base", self.base, [name for name, spec in strategies.items()
-                                           if spec.handlers.get("train") is CLIENT["train"]])
+                                           if spec.handlers.get("train") is CLIENT["train"]
+                                           and spec.clients is None])
 
 
 # ---------------------------------------------------------------------------- server side
+def proximal(cfg) -> dict:
+    """FedProx's clients as the library's keyword: mu goes out as "proximal-mu" in every
+    train config, as Flower's FedProx sends it."""
+    return {"proximal_mu": cfg.keys("fedprox").mu}
+
+
 def server(setup, record, base: StrategySpec):
-    """The base strategy's server with the library's `proximal_mu`: mu goes out as
-    "proximal-mu" in every train config, as Flower's FedProx sends it."""
-    mu = setup.cfg.keys("fedprox").mu
-
-    class FedProx(base.server):
-        def __init__(self, setup, record):
-            super().__init__(setup, record)
-            self.proximal_mu = mu
-
-    FedProx.__qualname__ = f"FedProx[{base.server.__name__}]"
-    return FedProx(setup, record)
+    """The base strategy's server on FedProx's clients: fedprox-base = X is X with
+    client-method = fedprox (tests/test_client_methods.py checks the two are one run)."""
+    setup.client_keywords = proximal(setup.cfg)
+    return base.server(setup, record)
 
 
-# ---------------------------------------------------------------------------- client side
-def proximal_update(message: Message, local: Local) -> Message:
-    """ClientUpdate with the proximal term around the received model."""
-    model = local.classifier(message)
-    anchor = [w.detach().clone().to(local.device) for w in model.parameters()]
-    mu = float(config_of(message)["proximal-mu"])
-    return local_update(message, local, model,
-                        extra_loss=lambda m: proximal_term(m, anchor, mu))
-
-
-# The base strategy's handlers, with the proximal ClientUpdate for `train`.
-FEDPROX = StrategySpec("fedprox", server, {"train": proximal_update}, keys=FedProxKeys,
-                       wraps="base")
+# The base strategy's handlers: its `train` adds the proximal term where the train config
+# has "proximal-mu" (fedgo_app/strategies/clients.py).
+FEDPROX = StrategySpec("fedprox", server, {}, keys=FedProxKeys, wraps="base",
+                       clients=proximal)

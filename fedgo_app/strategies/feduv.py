@@ -6,15 +6,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from flwr.app import ConfigRecord
-
 from fedgo_app.server.record import RunRecord
 from fedgo_app.strategies.base import CLIENT, FedAvgStrategy, ServerSetup
-from fedgo_app.strategies.clients import library_step
 from fedgo_app.strategies.registry import StrategySpec
 from fedgo_flwr.keys import NON_NEGATIVE, key
 from fedgo_flwr.strategies.feduv import FedUV as LibraryFedUV
-from fedgo_flwr.strategies.feduv import uniform_variance_update
+from fedgo_flwr.strategies.feduv import UniformVariance
 
 
 @dataclass(frozen=True)
@@ -27,8 +24,8 @@ class FedUVKeys:
 
 
 class FedUVApp(FedAvgStrategy, LibraryFedUV):
-    """The library's FedUV; the app sends alpha and lambda in its train config."""
-    mixes_architectures = False
+    """The library's FedUV (its `UniformVariance` clients, which the app's train handler runs
+    when the train config names them)."""
 
     def __init__(self, setup: ServerSetup, record: RunRecord):
         keys = setup.cfg.keys("feduv")
@@ -36,11 +33,7 @@ class FedUVApp(FedAvgStrategy, LibraryFedUV):
         super().__init__(setup, record, variance_weight=keys.variance_weight,
                          uniformity_weight=keys.uniformity_weight)
 
-    def train_config(self, server_round: int) -> ConfigRecord:
-        conf = super().train_config(server_round)
-        conf.update(self.weights)
-        return conf
 
-
-FEDUV = StrategySpec("feduv", FedUVApp, {**CLIENT, "train": library_step(uniform_variance_update)},
-                     keys=FedUVKeys)
+FEDUV = StrategySpec("feduv", FedUVApp, CLIENT, keys=FedUVKeys, clients=lambda cfg: {
+    "client_method": UniformVariance(cfg.keys("feduv").variance_weight,
+                                     cfg.keys("feduv").uniformity_weight)})

@@ -43,6 +43,10 @@ class StrategySpec:
     # replaces the name itself.
     marks: tuple[tuple[str, Any, str], ...] = ()
     row_name: Callable[[Mapping[str, Any]], str] | None = None
+    # config -> the library keywords of this strategy's clients' method, which run-config key
+    # client-method = <name> puts under another strategy's server (SCAFFOLD's
+    # {"client_method": ControlVariates(...)}, FedProx's {"proximal_mu": mu})
+    clients: Callable[[Any], dict] | None = None
 
     def label(self, config: Mapping[str, Any], name: str | None = None) -> str:
         marks = [mark.format(config[key]) for key, default, mark in (*self.marks, *EVERY_MARK)
@@ -55,7 +59,8 @@ class StrategySpec:
 # Dirichlet (whose rows' alpha is then unused), mixed architectures, the aggregation and the
 # Byzantine clients (data/split.py, architectures.py, aggregation.py, attacks.py).
 EVERY_MARK = (("partitioner", "dirichlet", "{}"), ("client-models", "", "{}"),
-              ("aggregator", "mean", "{}"), ("sample-size-cap", 0.0, "cap {:g}"),
+              ("client-method", "", "{} clients"), ("aggregator", "mean", "{}"),
+              ("sample-size-cap", 0.0, "cap {:g}"),
               ("attack", "none", "{}"), ("byzantine-clients", 0, "{} liars"),
               ("byzantine-partitions", "", "liars {}"))
 
@@ -100,6 +105,8 @@ class Registry(dict):
         """The chosen strategy's server for this run (`setup.cfg.strategy`)."""
         cfg = setup.cfg
         spec, base = self[cfg.strategy], self.base(cfg.strategy, cfg.strategy_keys)
+        if cfg.client_method:
+            setup.client_keywords = self[cfg.client_method].clients(cfg)
         return spec.server(setup, record, base) if base else spec.server(setup, record)
 
     def handlers(self, cfg) -> Mapping[str, Handler]:
@@ -115,6 +122,19 @@ class Registry(dict):
             raise RuntimeError(f"strategy {cfg.strategy!r} has no client handler for message "
                                f"type {message_type!r}; it answers {sorted(handlers)}")
         return attacked(cfg, message_type, handlers[message_type])
+
+    def method_problem(self, strategy: str, client_method: str) -> str | None:
+        """Why strategy's server cannot run on client_method's clients, or None: it has a
+        client method of its own (FedProx, SCAFFOLD, ...), or a client step that takes none
+        (FedGen's, FedTGP's: the library's `own_client_step`)."""
+        def takes(spec: StrategySpec) -> bool:
+            return not (spec.clients or spec.wraps
+                        or getattr(spec.server, "own_client_step", False))
+        if not takes(self[strategy]):
+            return (f"strategy {strategy!r} has clients of its own; client-method puts "
+                    f"{client_method!r}'s under the servers of "
+                    + ", ".join(n for n, s in self.items() if takes(s)))
+        return None
 
     def reads(self, name: str, strategy_keys: Mapping[str, Any]) -> set[str]:
         """The groups of keys strategy `name` reads in a run: its own group, what it names,

@@ -8,15 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from flwr.app import ArrayRecord, RecordDict
-
 from fedgo_app.server.record import RunRecord
 from fedgo_app.strategies.base import CLIENT, FedAvgStrategy, ServerSetup
-from fedgo_app.strategies.clients import library_step
 from fedgo_app.strategies.registry import StrategySpec
 from fedgo_flwr.keys import POSITIVE, key
-from fedgo_flwr.strategies.scaffold import CONTROL, CONTROL_DELTA, controlled_update
 from fedgo_flwr.strategies.scaffold import SCAFFOLD as LibrarySCAFFOLD
+from fedgo_flwr.strategies.scaffold import ControlVariates
 
 
 @dataclass(frozen=True)
@@ -27,25 +24,14 @@ class SCAFFOLDKeys:
 
 
 class SCAFFOLDApp(FedAvgStrategy, LibrarySCAFFOLD):
-    """The library's SCAFFOLD; the app sends c with its `train` messages."""
-    mixes_architectures = False  # one c for one architecture's parameters
-    carried = ("control",)
+    """The library's SCAFFOLD (its `ControlVariates` clients, which the app's train handler
+    runs when the train config names them); c goes out with the `train` messages, N is every
+    partition of the federation."""
 
     def __init__(self, setup: ServerSetup, record: RunRecord):
         super().__init__(setup, record, global_lr=setup.cfg.keys("scaffold").global_lr)
 
-    def train_content(self, server_round: int, arrays: ArrayRecord) -> RecordDict:
-        content = super().train_content(server_round, arrays)
-        self.sent = arrays.to_torch_state_dict()  # x, the server's step's origin
-        self.known = set(self.clients.partition_ids)  # N: every partition of the federation
-        content[CONTROL] = ArrayRecord(self.control)
-        return content
 
-    def train_extras(self, server_round: int):
-        return {CONTROL_DELTA: self.control}
-
-
-# SCAFFOLD's local step (fedgo_flwr's), c_i in the node's state
-SCAFFOLD = StrategySpec("scaffold", SCAFFOLDApp,
-                        {**CLIENT, "train": library_step(controlled_update, state=True)},
-                        keys=SCAFFOLDKeys)
+SCAFFOLD = StrategySpec("scaffold", SCAFFOLDApp, CLIENT, keys=SCAFFOLDKeys,
+                        clients=lambda cfg: {"client_method": ControlVariates(
+                            cfg.keys("scaffold").global_lr)})

@@ -7,13 +7,13 @@ FedAvg's, and the message type its clients answer.
 
 The seams an app plugs into, each a constructor argument: reproducible sampling over stable
 client keys (`client_key`, fedgo_flwr.sampling), the n_k a reply is weighted by
-(`num_examples_fn`), the combination (`aggregate_fn`), FedProx's clients under any server
-(`proximal_mu`) and round observers (`observers`, each given a `RoundReport`)."""
+(`num_examples_fn`), the combination (`aggregate_fn`), the clients' method under any server
+(`client_method`: SCAFFOLD's, FedUV's, FedGKD's; FedProx's by `proximal_mu`) and round
+observers (`observers`, each given a `RoundReport`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable
-from dataclasses import dataclass, field
 from functools import cached_property
 from logging import INFO, WARNING
 
@@ -30,31 +30,15 @@ from fedgo_flwr.checks import check_keywords
 from fedgo_flwr.replies import examples_problem, payload_bytes, state_problem
 from fedgo_flwr.sampling import ClientKeys, sample_clients
 from fedgo_flwr.seeds import client_seed, round_seed
+from fedgo_flwr.strategies.rounds import ClientModel, RoundReport
 from fedgo_flwr.train import OPTIMIZERS, resolve_device
 
+METHOD_KEY = "client-method"  # the train config's entry naming the clients' method
 # what the library's client loop must be told (`client_training`), and what else it reads,
 # with its defaults
 CLIENT_TRAINING = ("lr", "local-epochs", "optimizer")
 OPTIONAL_TRAINING = ("batch-size (64)", "momentum (0.9)", "flip (false)", "random-crop (0)",
                      "train-loss-key ('train-loss')")
-
-
-@dataclass
-class ClientModel:
-    """theta_k^t of one usable train reply: its node, n_k, the model and the metrics FedAvg
-    averages (`content`), every metric it sent, the other arrays the strategy asked for
-    (DaFKD's discriminator head and generator) and the client's stable key (`client_key`;
-    the node id by default)."""
-    node_id: int
-    num_examples: int
-    content: RecordDict
-    metrics: dict = field(default_factory=dict)
-    extras: dict[str, ArrayRecord] = field(default_factory=dict)
-    key: object = None
-
-    @property
-    def state(self) -> dict[str, torch.Tensor]:
-        return next(iter(self.content.array_records.values())).to_torch_state_dict()
 
 
 def retyped(messages: Iterable[Message], message_type: str, arrays: dict[str, ArrayRecord],
@@ -98,26 +82,6 @@ def model_reply(message: Message, model: nn.Module, num_examples: int, result: d
                                  **(metrics or {})})}), reply_to=message)
 
 
-@dataclass
-class RoundReport:
-    """What one round computed, for the strategy's `observers` (records, diagnostics): the
-    clients sampled (node id -> key), the usable models (in key order) and why each other
-    reply was left out, the average and the new global model (None: the round changed
-    nothing), the round's metrics, and what the server update adds (`details`: the ensemble
-    strategies' teachers, weighting rule, pseudo-labels, candidates and the guard's choice),
-    seconds by stage and bytes each way."""
-    server_round: int
-    sampled: dict[int, object]
-    clients: list[ClientModel]
-    left_out: dict[int, str]
-    averaged: ArrayRecord | None
-    arrays: ArrayRecord | None
-    metrics: dict
-    details: dict = field(default_factory=dict)
-    seconds: dict = field(default_factory=dict)
-    bytes: dict = field(default_factory=dict)
-
-
 class ServerUpdateFedAvg(FedAvg):
     """Flower's FedAvg, then a method's server update on the average.
 
@@ -145,6 +109,12 @@ class ServerUpdateFedAvg(FedAvg):
         Above 0, sent as "proximal-mu" in every train config, as Flower's `FedProx` sends
         it: the clients add FedProx's term (`fedgo_flwr.client.proximal_term`), under this
         strategy's server.
+    client_method : fedgo_flwr.strategies.client_methods.ClientMethod | None (default: None)
+        What the clients do beyond plain local training, under this strategy's server:
+        `ControlVariates()` (SCAFFOLD's), `UniformVariance()` (FedUV's) or
+        `HistoricalTeacher()` (FedGKD's); None, the user's train handler as it is. Its
+        clients train with the library's loop (`fedgo_flwr.client.register` adds it): `start`
+        then needs "lr", "local-epochs" and "optimizer" in train_config.
     observers : Iterable[Callable[[RoundReport], None]] (default: ())
         Called with each round's `RoundReport` once the round is aggregated.
     max_failed_rounds : int | None (default: 3)
@@ -159,13 +129,15 @@ class ServerUpdateFedAvg(FedAvg):
     # train-config keys the method's own client step reads in place of the user's train
     # handler (DaFKD, FedGen, FedBPG): `start` refuses a train_config without them
     client_training: tuple[str, ...] = ()
+    own_client_step = False  # its clients train with a step of its own that takes no
+    # `client_method` (FedGen's, FedTGP's; DaFKD's step takes one)
 
     def __init__(self, *, model_fn: Callable[[], nn.Module], seed: int = 0,
                  device: str | torch.device | None = None,
                  aggregate_fn: Callable[[list[RecordDict], str], ArrayRecord] | None = None,
                  client_key: Callable[[int], Hashable] | str | None = None,
                  num_examples_fn: Callable[[object, int], int] | None = None,
-                 proximal_mu: float = 0.0,
+                 proximal_mu: float = 0.0, client_method=None,
                  observers: Iterable[Callable[[RoundReport], None]] = (),
                  max_failed_rounds: int | None = 3, **kwargs) -> None:
         check_keywords(self, ServerUpdateFedAvg, kwargs, FedAvg)
@@ -181,6 +153,12 @@ class ServerUpdateFedAvg(FedAvg):
         self.client_keys = ClientKeys(client_key)
         self.num_examples_fn = num_examples_fn
         self.proximal_mu = float(proximal_mu)
+        self.client_method = client_method
+        if client_method is not None:
+            if self.own_client_step:
+                raise ValueError(f"{type(self).__name__}'s clients train with a step of its "
+                                 "own, which takes no client_method")
+            client_method.bind(self)
         self.observers = list(observers)
         self.sampled: dict[int, object] = {}  # node id -> key, this round's A_t
         self.num_rounds = 1  # set by start(): a schedule's T
@@ -210,16 +188,18 @@ class ServerUpdateFedAvg(FedAvg):
     def check_training(self, train_config: ConfigRecord) -> None:
         """Where the method's client step replaces the user's train handler, it trains as the
         user's does only if train_config says how: refuse one that does not."""
-        missing = [k for k in self.client_training if k not in train_config]
+        needed = dict.fromkeys((*self.client_training, *(
+            self.client_method.client_training if self.client_method else ())))
+        missing = [k for k in needed if k not in train_config]
         if missing:
             raise ValueError(
                 f"{type(self).__name__}'s clients train with the library's loop in place of "
-                f"your train handler, reading {', '.join(self.client_training)} from "
+                f"your train handler, reading {', '.join(needed)} from "
                 f"train_config (and, where given, {', '.join(OPTIONAL_TRAINING)}); it lacks "
                 f"{', '.join(missing)}: pass what your own training uses, e.g. start(..., "
                 "train_config=ConfigRecord({'lr': 0.05, 'local-epochs': 1, 'optimizer': "
                 "'sgd'}))")
-        if "optimizer" in self.client_training and train_config["optimizer"] not in OPTIMIZERS:
+        if "optimizer" in needed and train_config["optimizer"] not in OPTIMIZERS:
             raise ValueError(f"train_config's optimizer is {train_config['optimizer']!r}; "
                              f"allowed: {', '.join(OPTIMIZERS)}")
 
@@ -249,7 +229,28 @@ class ServerUpdateFedAvg(FedAvg):
         if self.proximal_mu:
             config["proximal-mu"] = self.proximal_mu
         record = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: config})
-        return [Message(record, dst_node_id=n, message_type="train") for n in self.sampled]
+        messages = [Message(record, dst_node_id=n, message_type="train") for n in self.sampled]
+        if self.client_method is None:
+            return messages
+        method = self.client_method
+        extra, settings = method.payload(server_round, arrays)
+        return retyped(messages, method.message_type, extra, {METHOD_KEY: method.name,
+                                                              **settings},
+                       self.configrecord_key)
+
+    def method_step(self, server_round: int, report: RoundReport) -> None:
+        """The clients' method's server step on the round's average (SCAFFOLD's x and c),
+        before the server update starts from it; its metrics join the round's."""
+        if self.client_method is not None:
+            report.averaged, stepped = self.client_method.server_step(
+                server_round, report.averaged, report.clients)
+            report.metrics.update(stepped)
+
+    def known_clients(self) -> set:
+        """Every client key the federation has shown so far (SCAFFOLD's N)."""
+        self.known = getattr(self, "known", set()) | set(
+            self.client_keys.keys(self.grid, self.grid.get_node_ids()).values())
+        return self.known
 
     def key_of(self, node_id: int) -> object:
         """The client's stable key (the node id where none is known)."""
@@ -269,12 +270,15 @@ class ServerUpdateFedAvg(FedAvg):
         if missing:
             return f"no ArrayRecord {missing}"
         return (examples_problem(metrics, self.weighted_by_key)
-                or state_problem(content.array_records[self.arrayrecord_key], self.template))
+                or state_problem(content.array_records[self.arrayrecord_key], self.template)
+                or (self.client_method.reply_problem(reply) if self.client_method else None))
 
     def client_models(self, server_round: int, replies: Iterable[Message]
                       ) -> list[ClientModel]:
         """The usable train replies; each other is logged with why it is left out."""
-        models, seen, extras = [], set(), self.extra_arrays(server_round)
+        models, seen = [], set()
+        extras = (*self.extra_arrays(server_round),
+                  *(self.client_method.reply_templates() if self.client_method else ()))
         self.left_out: dict[int, str] = {}
         for reply in replies:
             node = reply.metadata.src_node_id
@@ -313,8 +317,10 @@ class ServerUpdateFedAvg(FedAvg):
             contents = [m.content for m in models]
             report.averaged = self.aggregate_fn(contents, self.weighted_by_key)
             metrics = self.train_metrics_aggr_fn(contents, self.weighted_by_key)
+            self.method_step(server_round, report)
             report.arrays, info = self.server_update(server_round, report.averaged, models,
                                                      report)
+            info = {**report.metrics, **info}
             for key, value in info.items():
                 metrics[key] = value
             report.metrics = dict(metrics)

@@ -26,9 +26,11 @@ from fedgo_flwr.gan import draw_images
 from fedgo_flwr.inputs import labelled
 from fedgo_flwr.models import Generator
 from fedgo_flwr.seeds import round_seed
-from fedgo_flwr.strategies.base import (CLIENT_TRAINING, ClientModel, message_seed,
-                                        model_reply, retyped)
+from fedgo_flwr.strategies.base import (CLIENT_TRAINING, METHOD_KEY, ClientModel,
+                                        message_seed, model_reply, retyped)
+from fedgo_flwr.strategies.client_methods import LocalTerms, method_of
 from fedgo_flwr.strategies.ensemble import EnsembleDistillation
+from fedgo_flwr.strategies.feduv import Encoded
 from fedgo_flwr.teachers import server_autocast
 from fedgo_flwr.train import apply_in_batches, classifier_optimizer, minibatch_descent
 from fedgo_flwr.weighting import domain_aware_weights
@@ -56,17 +58,24 @@ def train_domain_aware(model: nn.Module, head: nn.Module, generator: Generator,
                        x: torch.Tensor, y: torch.Tensor, *, epochs: int, batch_size: int,
                        lr: float, gan_lr: float, train_generator: bool, flip: bool, seed: int,
                        device: torch.device, crop: int = 0, optimizer: str = "adam",
-                       momentum: float = 0.9) -> dict[str, float]:
+                       momentum: float = 0.9, terms: LocalTerms | None = None
+                       ) -> dict[str, float]:
     """Local training of one DaFKD client. Each minibatch: one Adam step of the classifier and
     its discriminator head on CE(f(x), y) + BCE(D(x), 1) + BCE(D(G(z)), 0); then, when
-    `train_generator`, one step of G on BCE(D(G(z)), 1)."""
+    `train_generator`, one step of G on BCE(D(G(z)), 1). `terms`, a client method's
+    (fedgo_flwr.strategies.client_methods), add to the classifier's loss and step as in the
+    plain local loop."""
     start = time.perf_counter()
     gen = torch.Generator().manual_seed(seed)
+    terms = terms or LocalTerms()
+    net = terms.module if isinstance(terms.module, Encoded) else Encoded(model)
     model.to(device).train()
     head.to(device).train()
     generator.to(device).train(train_generator)
     opt = classifier_optimizer([*model.parameters(), *head.parameters()], lr, optimizer,
                                momentum)
+    if terms.after_step is not None:
+        opt.register_step_post_hook(lambda *_: terms.after_step())
     generator_step = generator_trainer(model, head, generator, gan_lr)
     g_losses = []
 
@@ -79,12 +88,15 @@ def train_domain_aware(model: nn.Module, head: nn.Module, generator: Generator,
             g_losses.append(generator_step(z))
         with torch.no_grad():
             fake = generator(z)
-        features = model.features(xb)
-        d_real = head(features).squeeze(1)
+        logits, yb = net(xb), y[idx].to(device)
+        d_real = head(net.z).squeeze(1)
         d_fake = head(model.features(fake)).squeeze(1)
-        return (F.cross_entropy(model.head(features), y[idx].to(device))
+        loss = (F.cross_entropy(logits, yb)
                 + F.binary_cross_entropy_with_logits(d_real, torch.ones_like(d_real))
                 + F.binary_cross_entropy_with_logits(d_fake, torch.zeros_like(d_fake)))
+        if terms.batch_term is not None:  # on the real minibatch, before D's fakes
+            loss = loss + terms.batch_term(xb, logits, yb)
+        return loss if terms.extra_loss is None else loss + terms.extra_loss(model)
 
     loss = minibatch_descent(opt, len(y), epochs=epochs, batch_size=batch_size, gen=gen,
                              batch_loss=batch_loss)
@@ -231,16 +243,19 @@ def domain_scores(nets: list[nn.Module], heads: list[dict[str, torch.Tensor]], x
 
 
 # ---------------------------------------------------------------------------- client side
-def domain_aware_update(message: Message, model: nn.Module, data, *,
+def domain_aware_update(message: Message, model: nn.Module, data,
+                        state: RecordDict | None = None, *,
                         device: str | torch.device = "cpu", seed: int | None = None) -> Message:
     """A DaFKD client's round: `model` (the user's, given the received weights) and D_k's head
     trained on `data` (labelled: (images, labels), a Dataset or a DataLoader) against the
     received G, and G against D_k in the generator rounds. Reads from the message's config,
     where given: "local-epochs" (1), "lr" (1e-3), "batch-size" (64), "optimizer" ("adam"),
     "momentum" (0.9), "flip" (false), "random-crop" (0) and "seed" (0; `seed` overrides it
-    with the node's own). The reply holds ArrayRecords "arrays", "discriminator-head" (and
-    "generator" when it trained G) and MetricRecord "metrics" (num-examples, the loss under
-    the config's "train-loss-key" ("train-loss"), ...)."""
+    with the node's own). Where the config names a "client-method" (SCAFFOLD's, FedUV's,
+    FedGKD's), its terms join the classifier's training, its state in `state` (the node's
+    context.state). The reply holds ArrayRecords "arrays", "discriminator-head" (and
+    "generator" when it trained G, and the method's own) and MetricRecord "metrics"
+    (num-examples, the loss under the config's "train-loss-key" ("train-loss"), ...)."""
     conf, records = message.content.config_records["config"], message.content.array_records
     x, y = labelled(data)
     model.load_state_dict(records["arrays"].to_torch_state_dict())
@@ -252,14 +267,19 @@ def domain_aware_update(message: Message, model: nn.Module, data, *,
     trains_g = bool(conf["train-generator"])
     if seed is None:
         seed = message_seed(message)
+    terms = (method_of(message).terms(message, model, state if state is not None
+                                      else RecordDict(), torch.device(device))
+             if METHOD_KEY in conf else LocalTerms())
     result = train_domain_aware(
         model, head, generator, x, y, epochs=int(conf.get("local-epochs", 1)),
         batch_size=int(conf.get("batch-size", 64)), lr=float(conf.get("lr", 1e-3)),
         gan_lr=float(conf["gan-lr"]), train_generator=trains_g,
         flip=bool(conf.get("flip", False)), crop=int(conf.get("random-crop", 0)),
         optimizer=str(conf.get("optimizer", "adam")),
-        momentum=float(conf.get("momentum", 0.9)), seed=seed, device=torch.device(device))
-    arrays = {HEAD: ArrayRecord(head.cpu().state_dict())}
+        momentum=float(conf.get("momentum", 0.9)), seed=seed, device=torch.device(device),
+        terms=terms)
+    arrays, metrics = terms.finish() if terms.finish else ({}, {})
+    arrays[HEAD] = ArrayRecord(head.cpu().state_dict())
     if trains_g:
         arrays[GENERATOR] = ArrayRecord(generator.cpu().state_dict())
-    return model_reply(message, model, len(y), result, arrays)
+    return model_reply(message, model, len(y), result, arrays, metrics)

@@ -27,14 +27,12 @@ from collections import deque
 
 import torch
 import torch.nn.functional as F
-from flwr.app import ArrayRecord, ConfigRecord, Message
-from flwr.serverapp import Grid
+from flwr.app import ArrayRecord, Message, RecordDict
 from torch import nn
 
-from fedgo_flwr.inputs import labelled
-from fedgo_flwr.strategies.base import CLIENT_TRAINING, message_seed, model_reply, retyped
+from fedgo_flwr.strategies.base import CLIENT_TRAINING
+from fedgo_flwr.strategies.client_methods import ClientMethod, LocalTerms
 from fedgo_flwr.strategies.feddf import FedDF
-from fedgo_flwr.strategies.label_counts import train_as_configured
 
 TRAIN_FEDGKD = "train.fedgkd"
 HISTORICAL = "historical"  # the buffer's average, sent with each train message
@@ -47,9 +45,70 @@ def buffer_average(states: list[dict[str, torch.Tensor]]) -> dict[str, torch.Ten
                 if v.is_floating_point() else v.clone()) for k, v in newest.items()}
 
 
+class HistoricalTeacher(ClientMethod):
+    """FedGKD's clients, under any server: each round's model joins a buffer of the last M,
+    whose average every train message carries; the clients add (gamma / 2) KL(p_hist || p)
+    at temperature tau to their cross-entropy.
+
+    Parameters
+    ----------
+    buffer_size : int (default: 5)
+        M, the global models kept.
+    kd_temperature : float (default: 3.0)
+        tau.
+    kd_weight : float (default: 0.001)
+        gamma; the term is weighted gamma / 2.
+    """
+
+    name = "fedgkd"
+    message_type = TRAIN_FEDGKD
+
+    def __init__(self, buffer_size: int = 5, kd_temperature: float = 3.0,
+                 kd_weight: float = 0.001) -> None:
+        if buffer_size < 1 or kd_temperature <= 0 or kd_weight < 0:
+            raise ValueError(f"buffer_size >= 1, kd_temperature > 0 and kd_weight >= 0 are "
+                             f"needed; got {buffer_size}, {kd_temperature}, {kd_weight}")
+        self.buffer: deque = deque(maxlen=buffer_size)
+        self.kd = {"kd-temperature": float(kd_temperature), "kd-weight": float(kd_weight)}
+
+    def payload(self, server_round, arrays):
+        """The round's model into the buffer; the buffer's average, tau and gamma."""
+        self.buffer.append(arrays.to_torch_state_dict())
+        return {HISTORICAL: ArrayRecord(buffer_average(list(self.buffer)))}, self.kd
+
+    def state_dict(self) -> dict:
+        return {"buffer": list(self.buffer)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.buffer.clear()
+        self.buffer.extend(state["buffer"])
+
+    # ------------------------------------------------------------------------ client side
+    @staticmethod
+    def terms(message: Message, model: nn.Module, state: RecordDict,
+              device: torch.device) -> LocalTerms:
+        """(kd-weight / 2) KL(p_hist || p) at kd-temperature, p_hist the received historical
+        model's softened output on the same minibatch."""
+        conf = message.content.config_records["config"]
+        teacher = copy.deepcopy(model)
+        teacher.load_state_dict(message.content.array_records[HISTORICAL].to_torch_state_dict())
+        teacher.to(device).eval()
+        tau, gamma = float(conf["kd-temperature"]), float(conf["kd-weight"])
+
+        def distillation(inputs: torch.Tensor, logits: torch.Tensor, _: torch.Tensor
+                         ) -> torch.Tensor:
+            with torch.no_grad():
+                target = F.softmax(teacher(inputs) / tau, dim=1)
+            return gamma / 2 * F.kl_div(F.log_softmax(logits / tau, dim=1), target,
+                                        reduction="batchmean")
+
+        return LocalTerms(batch_term=distillation)
+
+
 class FedGKD(FedDF):
     """FedGKD+: clients distil from the average of the last M global models; the server
-    distils the average toward the clients' ensemble on U (FedDF's update).
+    distils the average toward the clients' ensemble on U (FedDF with
+    `client_method=HistoricalTeacher(buffer_size, kd_temperature, kd_weight)`).
 
     Parameters
     ----------
@@ -63,57 +122,12 @@ class FedGKD(FedDF):
         As in `FedDF` (fedgo_flwr.strategies.feddf); `distill_epochs=0` is FedGKD without "+".
 
     Its clients train with the library's loop (`fedgo_flwr.client.register` adds
-    `historical_update`): `start` needs "lr", "local-epochs" and "optimizer" in train_config.
+    `local_update`): `start` needs "lr", "local-epochs" and "optimizer" in train_config.
     """
 
-    client_training = CLIENT_TRAINING
+    client_training = CLIENT_TRAINING  # its clients' method trains with the library's loop
 
     def __init__(self, *, buffer_size: int = 5, kd_temperature: float = 3.0,
                  kd_weight: float = 0.001, **kwargs) -> None:
-        super().__init__(**kwargs)
-        if buffer_size < 1 or kd_temperature <= 0 or kd_weight < 0:
-            raise ValueError(f"buffer_size >= 1, kd_temperature > 0 and kd_weight >= 0 are "
-                             f"needed; got {buffer_size}, {kd_temperature}, {kd_weight}")
-        self.buffer: deque = deque(maxlen=buffer_size)
-        self.kd = {"kd-temperature": float(kd_temperature), "kd-weight": float(kd_weight)}
-
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                        grid: Grid):
-        """FedAvg's sampling; the round's model joins the buffer, whose average each message
-        carries, as message type train.fedgkd."""
-        return retyped(super().configure_train(server_round, arrays, config, grid),
-                       TRAIN_FEDGKD, self.historical(arrays), self.kd, self.configrecord_key)
-
-    def historical(self, arrays: ArrayRecord) -> dict[str, ArrayRecord]:
-        """The round's model into the buffer; the buffer's average, as a message carries it."""
-        self.buffer.append(arrays.to_torch_state_dict())
-        return {HISTORICAL: ArrayRecord(buffer_average(list(self.buffer)))}
-
-
-# ---------------------------------------------------------------------------- client side
-def historical_update(message: Message, model: nn.Module, data, *,
-                      device: str | torch.device = "cpu", seed: int | None = None) -> Message:
-    """A FedGKD client's round: `model` (the user's, given the received weights) trained on
-    `data` (labelled) with cross-entropy plus (kd-weight / 2) KL(p_hist || p) at
-    kd-temperature, p_hist the received historical model's softened output on the same
-    minibatch. Settings from the train config as label_counts.TRAINING reads them. The reply
-    holds ArrayRecord "arrays" and MetricRecord "metrics" (num-examples, the loss under
-    "train-loss-key", train-seconds)."""
-    conf, device = message.content.config_records["config"], torch.device(device)
-    x, y = labelled(data)
-    records = message.content.array_records
-    model.load_state_dict(records["arrays"].to_torch_state_dict())
-    teacher = copy.deepcopy(model)
-    teacher.load_state_dict(records[HISTORICAL].to_torch_state_dict())
-    teacher.to(device).eval()
-    tau, gamma = float(conf["kd-temperature"]), float(conf["kd-weight"])
-
-    def distillation(inputs: torch.Tensor, logits: torch.Tensor, _: torch.Tensor) -> torch.Tensor:
-        with torch.no_grad():
-            target = F.softmax(teacher(inputs) / tau, dim=1)
-        return gamma / 2 * F.kl_div(F.log_softmax(logits / tau, dim=1), target,
-                                    reduction="batchmean")
-
-    result = train_as_configured(model, x, y, conf, device=device, batch_term=distillation,
-                                 seed=message_seed(message) if seed is None else seed)
-    return model_reply(message, model, len(y), result)
+        super().__init__(client_method=HistoricalTeacher(buffer_size, kd_temperature,
+                                                         kd_weight), **kwargs)

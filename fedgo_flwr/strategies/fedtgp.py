@@ -125,6 +125,7 @@ class FedTGP(ServerUpdateFedAvg):
     """
 
     client_training = CLIENT_TRAINING
+    own_client_step = True
 
     def __init__(self, *, model_fn, num_classes: int, prototype_weight: float = 0.001,
                  margin_threshold: float = 100.0, server_epochs: int = 1000,

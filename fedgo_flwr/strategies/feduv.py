@@ -21,14 +21,11 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from flwr.app import ArrayRecord, ConfigRecord, Message
-from flwr.serverapp import Grid
+from flwr.app import Message, RecordDict
 from torch import nn
 
-from fedgo_flwr.inputs import labelled
-from fedgo_flwr.strategies.base import (CLIENT_TRAINING, ServerUpdateFedAvg, message_seed,
-                                        model_reply, retyped)
-from fedgo_flwr.strategies.label_counts import train_as_configured
+from fedgo_flwr.strategies.base import CLIENT_TRAINING, ServerUpdateFedAvg
+from fedgo_flwr.strategies.client_methods import ClientMethod, LocalTerms
 
 TRAIN_FEDUV = "train.feduv"
 
@@ -70,8 +67,59 @@ class Encoded(nn.Module):
         return self.model.head(self.z)
 
 
+class UniformVariance(ClientMethod):
+    """FedUV's clients, under any server: cross-entropy plus alpha times the variance term
+    and lambda times the uniformity term on every minibatch (the model needs features and
+    head).
+
+    Parameters
+    ----------
+    variance_weight : float (default: 2.5)
+        alpha, the classifier variance term's weight.
+    uniformity_weight : float (default: 0.5)
+        lambda, the encoder uniformity term's weight.
+    """
+
+    name = "feduv"
+    message_type = TRAIN_FEDUV
+
+    def __init__(self, variance_weight: float = 2.5, uniformity_weight: float = 0.5) -> None:
+        if variance_weight < 0 or uniformity_weight < 0:
+            raise ValueError(f"variance_weight and uniformity_weight must be >= 0; got "
+                             f"{variance_weight}, {uniformity_weight}")
+        self.weights = {"variance-weight": float(variance_weight),
+                        "uniformity-weight": float(uniformity_weight)}
+
+    def bind(self, strategy) -> None:
+        super().bind(strategy)
+        needs_encoder(strategy.model_fn, "FedUV regularises the model's encoder and classifier")
+
+    def payload(self, server_round, arrays):
+        """alpha and lambda."""
+        return {}, self.weights
+
+    # ------------------------------------------------------------------------ client side
+    @staticmethod
+    def terms(message: Message, model: nn.Module, state: RecordDict,
+              device: torch.device) -> LocalTerms:
+        """The model trained as features then head; both terms on every minibatch of two or
+        more images."""
+        conf = message.content.config_records["config"]
+        encoded = Encoded(model)
+        alpha, lam = float(conf["variance-weight"]), float(conf["uniformity-weight"])
+
+        def regularisers(_: torch.Tensor, logits: torch.Tensor, __: torch.Tensor
+                         ) -> torch.Tensor:
+            if len(logits) < 2:
+                return logits.sum() * 0.0
+            return alpha * variance_term(logits) + lam * uniformity_term(encoded.z)
+
+        return LocalTerms(module=encoded, batch_term=regularisers)
+
+
 class FedUV(ServerUpdateFedAvg):
-    """FedUV: FedAvg whose clients add the variance and uniformity regularisers.
+    """FedUV: FedAvg whose clients add the variance and uniformity regularisers (FedAvg with
+    `client_method=UniformVariance(variance_weight, uniformity_weight)`).
 
     Parameters
     ----------
@@ -85,49 +133,12 @@ class FedUV(ServerUpdateFedAvg):
         As in `ServerUpdateFedAvg`, and every keyword Flower's `FedAvg` takes.
 
     Its clients train with the library's loop (`fedgo_flwr.client.register` adds
-    `uniform_variance_update`): `start` needs "lr", "local-epochs" and "optimizer" in
-    train_config.
+    `local_update`): `start` needs "lr", "local-epochs" and "optimizer" in train_config.
     """
 
-    client_training = CLIENT_TRAINING
+    client_training = CLIENT_TRAINING  # its clients' method trains with the library's loop
 
     def __init__(self, *, model_fn, variance_weight: float = 2.5,
                  uniformity_weight: float = 0.5, **kwargs) -> None:
-        super().__init__(model_fn=model_fn, **kwargs)
-        needs_encoder(model_fn, "FedUV regularises the model's encoder and classifier")
-        if variance_weight < 0 or uniformity_weight < 0:
-            raise ValueError(f"variance_weight and uniformity_weight must be >= 0; got "
-                             f"{variance_weight}, {uniformity_weight}")
-        self.weights = {"variance-weight": float(variance_weight),
-                        "uniformity-weight": float(uniformity_weight)}
-
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                        grid: Grid):
-        """FedAvg's messages as train.feduv, carrying alpha and lambda."""
-        return retyped(super().configure_train(server_round, arrays, config, grid),
-                       TRAIN_FEDUV, {}, self.weights, self.configrecord_key)
-
-
-# ---------------------------------------------------------------------------- client side
-def uniform_variance_update(message: Message, model: nn.Module, data, *,
-                            device: str | torch.device = "cpu",
-                            seed: int | None = None) -> Message:
-    """A FedUV client's round: `model` (the user's, with features and head, given the received
-    weights) trained on `data` (labelled) with cross-entropy plus alpha times the variance
-    term and lambda times the uniformity term on every minibatch (settings from the train
-    config as label_counts.TRAINING reads them). The reply holds ArrayRecord "arrays" and
-    MetricRecord "metrics" (num-examples, the loss under "train-loss-key", train-seconds)."""
-    conf, device = message.content.config_records["config"], torch.device(device)
-    x, y = labelled(data)
-    model.load_state_dict(message.content.array_records["arrays"].to_torch_state_dict())
-    encoded = Encoded(model)
-    alpha, lam = float(conf["variance-weight"]), float(conf["uniformity-weight"])
-
-    def regularisers(_: torch.Tensor, logits: torch.Tensor, __: torch.Tensor) -> torch.Tensor:
-        if len(logits) < 2:
-            return logits.sum() * 0.0
-        return alpha * variance_term(logits) + lam * uniformity_term(encoded.z)
-
-    result = train_as_configured(encoded, x, y, conf, device=device, batch_term=regularisers,
-                                 seed=message_seed(message) if seed is None else seed)
-    return model_reply(message, model, len(y), result)
+        super().__init__(model_fn=model_fn, client_method=UniformVariance(
+            variance_weight, uniformity_weight), **kwargs)

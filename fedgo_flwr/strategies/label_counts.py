@@ -77,6 +77,7 @@ class LabelCountFedAvg(ServerUpdateFedAvg):
     train_type = "train"
     reported: tuple[str, ...] = (LABEL_COUNTS,)  # kept out of Flower's averaging
     client_training = CLIENT_TRAINING
+    own_client_step = True
 
     def __init__(self, *, model_fn: Callable[[], nn.Module], num_classes: int,
                  **kwargs) -> None:
