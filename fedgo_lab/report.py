@@ -464,30 +464,45 @@ def verdict(mean: float, low: float, high: float, n: int) -> str:
     return "leads" if low > 0 else "trails" if high < 0 else "level"
 
 
+def paired_cell(diffs: list[float]) -> tuple[str, str]:
+    """Per-seed differences (points) as "per seed: mean [95 % interval]", and the verdict."""
+    mean, low, high = paired_interval(diffs)
+    shown = (", ".join(f"{d:+.1f}" for d in diffs) + f": {mean:+.2f} [{low:+.2f}, {high:+.2f}]"
+             if len(diffs) > 1 else f"{mean:+.2f}")  # one seed: one value
+    return shown, verdict(mean, low, high, len(diffs))
+
+
 def paired_table(records: list[dict], of: str, against: list[str], window: int = 10,
                  metric: str = "server_test_acc") -> str:
-    """Per alpha and baseline: `metric` of row `of` minus the baseline's over the last
-    `window` rounds, seed by seed (same seed), their mean with a 95 % interval over the seeds
-    and what it says (`verdict`)."""
-    cells: dict[tuple, dict[str, float]] = defaultdict(dict)
+    """Per alpha and baseline: `metric` of row `of` minus the baseline's, seed by seed (same
+    seed), over the first and the last `window` rounds (per seed, their mean with a 95 %
+    interval over the seeds, and what it says: `verdict`), and the rounds each takes to
+    FedAvg's target over those seeds."""
+    runs: dict[tuple, dict[str, dict]] = defaultdict(dict)
     for (name, alpha), recs in rows(records, central=False).items():
         for rec in recs:
-            cells[(alpha, rec["config"]["seed"])][name] = last_mean(rec, window, metric)
-    lines = [f"| alpha | {of} minus | seeds | per seed (points) | mean [95 % interval] | |",
-             "|---|---|---|---|---|---|"]
-    for alpha in sorted({a for a, _ in cells}, reverse=True):
+            runs[(alpha, rec["config"]["seed"])][name] = rec
+    lines = [f"| alpha | {of} minus | seeds | rounds 1-{window} (points) | | last {window} "
+             "rounds (points) | | rounds to target (row; baseline) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for alpha in sorted({a for a, _ in runs}, reverse=True):
+        target = fedavg_target([r for r in records if r["config"]["alpha"] == alpha], metric)
         for other in against:
-            seeds = sorted(s for (a, s), row in cells.items()
+            seeds = sorted(s for (a, s), row in runs.items()
                            if a == alpha and of in row and other in row)
             if not seeds:
                 continue
-            diffs = [100 * (cells[(alpha, s)][of] - cells[(alpha, s)][other]) for s in seeds]
-            mean, low, high = paired_interval(diffs)
-            shown = (f"{mean:+.2f} [{low:+.2f}, {high:+.2f}]" if len(diffs) > 1
-                     else f"{mean:+.2f}")
+            pairs = [(runs[(alpha, s)][of], runs[(alpha, s)][other]) for s in seeds]
+            cells = [paired_cell([100 * (last_mean(a, window, metric, **first)
+                                         - last_mean(b, window, metric, **first))
+                                  for a, b in pairs])
+                     for first in ({"first": window}, {})]
+            to_target = "-" if target is None else (
+                f"{rounds_to_target([a for a, _ in pairs], target, metric)}; "
+                f"{rounds_to_target([b for _, b in pairs], target, metric)} "
+                f"({100 * target:.0f}%)")
             lines.append(f"| {alpha:g} | {other} | {', '.join(map(str, seeds))} | "
-                         + ", ".join(f"{d:+.1f}" for d in diffs)
-                         + f" | {shown} | {verdict(mean, low, high, len(diffs))} |")
+                         + " | ".join(" | ".join(c) for c in cells) + f" | {to_target} |")
     return "\n".join(lines)
 
 
@@ -752,8 +767,9 @@ def main(argv: list[str] | None = None) -> int:
                              "personalised accuracy)")
     parser.add_argument("--paired", type=int, metavar="N",
                         help="with --of and --against: per alpha and baseline, the per-seed "
-                             "paired differences over the last N rounds, their mean with a "
-                             "95 %% interval over the seeds, and leads / level / trails")
+                             "paired differences over the first and the last N rounds, their "
+                             "mean with a 95 %% interval over the seeds, leads / level / "
+                             "trails, and the rounds to FedAvg's target of both")
     parser.add_argument("--against", nargs="+", metavar="LABEL",
                         help="with --of: only these rows, in this order (default: every other "
                              "row)")

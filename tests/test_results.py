@@ -372,12 +372,17 @@ def test_paired_differences_say_leads_only_where_the_interval_is_above_zero():
     assert verdict(*paired_interval([1.0, -2.0, 3.0]), 3) == "level"
     assert verdict(*paired_interval([-1.0, -1.5, -1.2]), 3) == "trails"
 
-    def rec(strategy, seed, acc):
+    def rec(strategy, seed, acc):  # acc from round 1 on, 0.5 over the first 10 rounds
         return {"config": {"strategy": strategy, "alpha": 0.1, "seed": seed},
-                "rounds": [{"round": t, "server_test_acc": acc} for t in range(12)]}
+                "rounds": [{"round": t, "server_test_acc": acc if t > 10 else 0.5 + t / 100}
+                           for t in range(22)]}
     records = [rec("fedgo", 0, 0.80), rec("fedgo", 1, 0.82), rec("fedavg", 0, 0.78),
                rec("fedavg", 1, 0.79), rec("fedprox", 0, 0.85)]
     table = paired_table(records, "fedgo", ["fedavg", "fedprox"], window=10).splitlines()
-    assert table[2].startswith("| 0.1 | fedavg | 0, 1 | +2.0, +3.0 | +2.50 [")
-    assert table[2].endswith("| level |")  # two seeds: t(1) is wide
-    assert table[3] == "| 0.1 | fedprox | 0 | -5.0 | -5.00 | one seed |"
+    # the first 10 rounds equal: +0.0 in both seeds, an interval of zero width is "level"
+    assert table[2].startswith("| 0.1 | fedavg | 0, 1 | +0.0, +0.0: +0.00 [+0.00, +0.00] | "
+                               "level | +2.0, +3.0: +2.50 [")
+    # two seeds: t(1) is wide; FedAvg's target (75 %) first reached at round 11 by both
+    assert table[2].endswith("| level | 11.0 ± 0.0; 11.0 ± 0.0 (75%) |")
+    assert table[3] == ("| 0.1 | fedprox | 0 | +0.00 | one seed | -5.00 | one seed "
+                        "| 11.0; 11.0 (75%) |")
