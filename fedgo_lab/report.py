@@ -474,25 +474,28 @@ def paired_cell(diffs: list[float]) -> tuple[str, str]:
 
 def paired_table(records: list[dict], of: str, against: list[str], window: int = 10,
                  metric: str = "server_test_acc") -> str:
-    """Per alpha and baseline: `metric` of row `of` minus the baseline's, seed by seed (same
-    seed), over the first and the last `window` rounds (per seed, their mean with a 95 %
-    interval over the seeds, and what it says: `verdict`), and the rounds each takes to
-    FedAvg's target over those seeds."""
+    """Per K (the federation's clients), alpha and baseline: `metric` of row `of` minus the
+    baseline's, seed by seed (same seed), over the first and the last `window` rounds (per
+    seed, their mean with a 95 % interval over the seeds, and what it says: `verdict`), and
+    the rounds each takes to FedAvg's target (of that K and alpha) over those seeds."""
     runs: dict[tuple, dict[str, dict]] = defaultdict(dict)
-    for (name, alpha), recs in rows(records, central=False).items():
-        for rec in recs:
-            runs[(alpha, rec["config"]["seed"])][name] = rec
-    lines = [f"| alpha | {of} minus | seeds | rounds 1-{window} (points) | | last {window} "
-             "rounds (points) | | rounds to target (row; baseline) |",
-             "|---|---|---|---|---|---|---|---|"]
-    for alpha in sorted({a for a, _ in runs}, reverse=True):
-        target = fedavg_target([r for r in records if r["config"]["alpha"] == alpha], metric)
+    for rec in records:
+        if rec["config"]["strategy"] != CENTRAL:
+            k = rec.get("clients", {}).get("num_partitions", "-")
+            runs[(k, rec["config"]["alpha"], rec["config"]["seed"])][label(rec)] = rec
+    lines = [f"| K | alpha | {of} minus | seeds | rounds 1-{window} (points) | | last "
+             f"{window} rounds (points) | | rounds to target (row; baseline) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for k, alpha in sorted({key[:2] for key in runs},
+                           key=lambda c: (c[0] if isinstance(c[0], int) else 1e9, -c[1])):
+        seeds_of = {key[2]: row for key, row in runs.items() if key[:2] == (k, alpha)}
+        target = fedavg_target([row["fedavg"] for row in seeds_of.values() if "fedavg" in row],
+                               metric)
         for other in against:
-            seeds = sorted(s for (a, s), row in runs.items()
-                           if a == alpha and of in row and other in row)
+            seeds = sorted(s for s, row in seeds_of.items() if of in row and other in row)
             if not seeds:
                 continue
-            pairs = [(runs[(alpha, s)][of], runs[(alpha, s)][other]) for s in seeds]
+            pairs = [(seeds_of[s][of], seeds_of[s][other]) for s in seeds]
             cells = [paired_cell([100 * (last_mean(a, window, metric, **first)
                                          - last_mean(b, window, metric, **first))
                                   for a, b in pairs])
@@ -501,7 +504,7 @@ def paired_table(records: list[dict], of: str, against: list[str], window: int =
                 f"{rounds_to_target([a for a, _ in pairs], target, metric)}; "
                 f"{rounds_to_target([b for _, b in pairs], target, metric)} "
                 f"({100 * target:.0f}%)")
-            lines.append(f"| {alpha:g} | {other} | {', '.join(map(str, seeds))} | "
+            lines.append(f"| {k} | {alpha:g} | {other} | {', '.join(map(str, seeds))} | "
                          + " | ".join(" | ".join(c) for c in cells) + f" | {to_target} |")
     return "\n".join(lines)
 

@@ -67,7 +67,8 @@ def test_each_server_runs_on_each_client_method_in_the_app(server, method, tiny_
 
 
 @pytest.mark.parametrize("server, method", [("fedgo", "scaffold"), ("feddf", "fedgkd"),
-                                            ("fedgo", "feduv"), ("dafkd", "scaffold")])
+                                            ("fedgo", "feduv"), ("dafkd", "scaffold"),
+                                            ("fedavg", "fedprox")])
 def test_a_combined_run_resumes_with_the_method_state_it_left(server, method, tiny_config,
                                                               tmp_path):
     cfg = tiny_config.replace(strategy=server, client_method=method, num_server_rounds=3,

@@ -380,9 +380,9 @@ def test_paired_differences_say_leads_only_where_the_interval_is_above_zero():
                rec("fedavg", 1, 0.79), rec("fedprox", 0, 0.85)]
     table = paired_table(records, "fedgo", ["fedavg", "fedprox"], window=10).splitlines()
     # the first 10 rounds equal: +0.0 in both seeds, an interval of zero width is "level"
-    assert table[2].startswith("| 0.1 | fedavg | 0, 1 | +0.0, +0.0: +0.00 [+0.00, +0.00] | "
+    assert table[2].startswith("| - | 0.1 | fedavg | 0, 1 | +0.0, +0.0: +0.00 [+0.00, +0.00] | "
                                "level | +2.0, +3.0: +2.50 [")
     # two seeds: t(1) is wide; FedAvg's target (75 %) first reached at round 11 by both
     assert table[2].endswith("| level | 11.0 ± 0.0; 11.0 ± 0.0 (75%) |")
-    assert table[3] == ("| 0.1 | fedprox | 0 | +0.00 | one seed | -5.00 | one seed "
+    assert table[3] == ("| - | 0.1 | fedprox | 0 | +0.00 | one seed | -5.00 | one seed "
                         "| 11.0; 11.0 (75%) |")
