@@ -27,7 +27,7 @@ from fedgo_flwr.sampling import QUERY_PARTITION, partition_reply
 from fedgo_flwr.seeds import client_seed
 from fedgo_flwr.strategies.dafkd import TRAIN_DAFKD, domain_aware_update
 from fedgo_flwr.strategies.feddisco import QUERY_LABEL_COUNTS, label_counts_reply
-from fedgo_flwr.strategies.client_methods import local_update
+from fedgo_flwr.strategies.client_methods import local_update, proximal_term
 from fedgo_flwr.strategies.fedgkd import TRAIN_FEDGKD
 from fedgo_flwr.strategies.fedtgp import TRAIN_FEDTGP, prototype_update
 from fedgo_flwr.strategies.feduv import TRAIN_FEDUV
@@ -41,13 +41,6 @@ __all__ = ["discriminator_update", "domain_aware_update",
            "evaluate_candidates", "generated_feature_update", "local_update",
            "label_counts_reply", "partition_reply", "personalised_evaluate",
            "personalised_update", "proximal_term", "register"]
-
-
-def proximal_term(model: nn.Module, anchor: list[torch.Tensor], mu: float) -> torch.Tensor:
-    """FedProx's (mu / 2) sum over parameters of ||w - w^t||^2, to add to a client's loss;
-    `anchor` holds the received global parameters w^t (detached), `mu` the value Flower's
-    `FedProx` sends as "proximal-mu" in the train config. Its gradient is mu (w - w^t)."""
-    return 0.5 * mu * sum(((w - a) ** 2).sum() for w, a in zip(model.parameters(), anchor))
 
 
 def partition_seed(message: Message, context: Context) -> int | None:
@@ -129,7 +122,7 @@ def client_handlers(model_fn: Callable[[], nn.Module], data_fn: Callable[[Contex
             QUERY_PARTITION: lambda m, context: partition_reply(m, context.node_config),
             QUERY_LABEL_COUNTS: lambda m, context: label_counts_reply(m, data_fn(context)),
             TRAIN_DAFKD: trains(domain_aware_update, state=True),  # a client method's c_i
-            TRAIN_FEDGEN: trains(generated_feature_update, seeded=False),
+            TRAIN_FEDGEN: trains(generated_feature_update),
             # the client methods' (SCAFFOLD's, FedGKD's, FedUV's): one step, its terms named
             # by the train config
             **{t: trains(local_update, state=True) for t in (TRAIN_SCAFFOLD, TRAIN_FEDGKD,

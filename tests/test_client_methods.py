@@ -7,12 +7,14 @@ import json
 
 import pytest
 import torch
-from flwr.app import ArrayRecord
+from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 
 import client_app.app as client_module
 from fedgo_app.config import ConfigError
 from fedgo_app.server import checkpoint
-from fedgo_flwr import DaFKD, FedDF, FedGO, FedTGP
+from fedgo_flwr import DaFKD, FedDF, FedGen, FedGO, FedTGP
+from fedgo_flwr.models import Generator
+from fedgo_flwr.strategies.dafkd import GENERATOR, HEAD, discriminator_head, domain_aware_update
 from fedgo_flwr.strategies.fedgkd import HistoricalTeacher
 from fedgo_flwr.strategies.feduv import UniformVariance
 from fedgo_flwr.strategies.scaffold import CLIENT_CONTROL, ControlVariates
@@ -149,3 +151,29 @@ def test_a_published_method_is_its_server_on_its_clients(published, combined, ti
               for name, keys in (("published", published), ("combined", combined))]
     for name, tensor in models[0].items():
         assert torch.equal(models[1][name], tensor), name
+
+
+def test_dafkds_clients_take_fedproxs_term_and_the_others_refuse_it():
+    """proximal_mu under DaFKD's server reaches DaFKD's own client step (its weights stay
+    nearer the received ones); FedGen's step, which has no place for it, refuses it."""
+    shape = (1, 8, 8)
+    x, y = tiny_data(shape, 48, seed=3)
+    torch.manual_seed(0)
+    start, gen = MLP(shape), Generator(8, 1, (8, 8), 4)
+    conf = {"lr": 0.05, "local-epochs": 3, "optimizer": "sgd", "train-generator": False,
+            "latent-dim": 8, "generator-width": 4, "gan-lr": 2e-4}
+
+    def moved(**extra) -> float:
+        message = Message(RecordDict({
+            "arrays": ArrayRecord(start.state_dict()),
+            GENERATOR: ArrayRecord(gen.state_dict()),
+            HEAD: ArrayRecord(discriminator_head(start.latent_dim).state_dict()),
+            "config": ConfigRecord({**conf, **extra})}), dst_node_id=7,
+            message_type="train.dafkd")
+        reply = domain_aware_update(message, MLP(shape), (x, y), seed=0)
+        trained = reply.content["arrays"].to_torch_state_dict()
+        return sum(float(((trained[n] - w) ** 2).sum()) for n, w in start.state_dict().items())
+
+    assert moved(**{"proximal-mu": 50.0}) < 0.5 * moved()
+    with pytest.raises(ValueError, match="no client_method or proximal_mu"):
+        FedGen(model_fn=lambda: MLP(shape), num_classes=CLASSES, proximal_mu=0.01)

@@ -70,7 +70,7 @@ def test_a_fedgen_client_learns_from_the_generated_features():
     torch.manual_seed(0)
     start, losses = UserNet().state_dict(), []
     for with_generator in (False, True):
-        arrays, settings = strategy.train_payload(3) if with_generator else ({}, {})
+        arrays, settings = strategy.train_payload(3, None) if with_generator else ({}, {})
         conf = ConfigRecord({"lr": 1e-2, "local-epochs": 40, "batch-size": 20,
                              "num-classes": 10, **settings})
         message = Message(RecordDict({"arrays": ArrayRecord(start), **arrays, "config": conf}),

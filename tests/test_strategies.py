@@ -163,8 +163,8 @@ def test_fedprox_over_fedgo_keeps_fedgos_pre_fl_stage_and_options(tiny_config, o
 
 @pytest.mark.parametrize("key, value, message", [
     ("fedprox-mu", 0.0, "is 0.0; allowed: > 0"),
-    ("fedprox-base", "fedprox", "allowed: fedavg"),
-    ("fedprox-base", "nope", "allowed: fedavg, feddf, feddisco, fedgo"),
+    ("fedprox-base", "fedprox", "allowed: dafkd, fedavg"),
+    ("fedprox-base", "nope", "allowed: dafkd, fedavg, feddf, feddisco, fedgo"),
 ])
 def test_fedprox_keys_are_validated(key, value, message):
     with pytest.raises(ConfigError, match=message):
@@ -216,8 +216,10 @@ def test_fedgen_clients_learn_from_the_generated_features(tiny_config):
         generator.hidden.weight[:, 32:] *= 10
     prior = [0.1] * 10
     conf = config_record(local_epochs=5, batch_size=32, lr=1e-3, flip=False, random_crop=0,
-                         optimizer="adam", momentum=0.9, seed=1, fedgen_alpha=10.0, label_prior=prior, noise_dim=32, hidden_dim=256)
-    from fedgo_app.strategies.fedgen import generated_feature_update
+                         optimizer="adam", momentum=0.9, seed=1, fedgen_alpha=10.0,
+                         label_prior=prior, noise_dim=32, hidden_dim=256, num_classes=10)
+    from fedgo_app.strategies.fedgen import FEDGEN
+    generated_feature_update = FEDGEN.handlers["train"]  # the library's step, in the app
     cfg = tiny_config.replace(strategy="fedgen", model="cnn")
     grid = InProcessGrid(client_module.app, cfg.to_run_config(), 4)
     local = Local.of(grid.nodes[1000], cfg)

@@ -38,7 +38,7 @@ from fedgo_flwr.replies import payload_bytes
 from fedgo_flwr.sampling import sample_clients
 from fedgo_flwr.seeds import round_seed
 from fedgo_flwr.strategies.base import ClientModel
-from fedgo_flwr.strategies.base import METHOD_KEY, RoundReport, ServerUpdateFedAvg
+from fedgo_flwr.strategies.base import RoundReport, ServerUpdateFedAvg
 from fedgo_flwr.strategies.label_counts import label_counts_problem
 
 
@@ -157,20 +157,16 @@ class FedAvgStrategy(ServerUpdateFedAvg):
                              batch_size=cfg.batch_size, lr=cfg.lr, flip=cfg.flip,
                              random_crop=cfg.random_crop, optimizer=cfg.optimizer,
                              momentum=cfg.momentum, seed=round_seed(cfg.seed, server_round))
-        if self.proximal_mu:  # FedProx's clients (the library's keyword)
-            conf["proximal-mu"] = self.proximal_mu
         return conf
 
     def train_content(self, server_round: int, arrays: ArrayRecord) -> RecordDict:
-        """What every sampled client receives: the global model and the train config, and
-        what the clients' method sends (the library's `client_method`: SCAFFOLD's c, ...)."""
-        content = RecordDict({"arrays": arrays, "config": self.train_config(server_round)})
-        if self.client_method is not None:
-            extra, settings = self.client_method.payload(server_round, arrays)
-            content["config"].update({METHOD_KEY: self.client_method.name, **settings})
-            for name, record in extra.items():
-                content[name] = record
-        return content
+        """What every sampled client receives: the global model, the train config and the
+        library strategy's `train_payload` (FedProx's mu, the clients' method's, DaFKD's G
+        and head, ...)."""
+        extra, settings = self.train_payload(server_round, arrays)
+        config = self.train_config(server_round)
+        config.update(settings)
+        return RecordDict({"arrays": arrays, **extra, "config": config})
 
     def known_clients(self) -> set:
         """Every partition of the federation (SCAFFOLD's N)."""

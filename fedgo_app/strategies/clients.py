@@ -10,13 +10,11 @@ from flwr.app import ArrayRecord, ConfigRecord, Message
 from torch import nn
 
 from fedgo_app.client_context import Local, config_of, reply
-from fedgo_flwr.client import proximal_term
 from fedgo_flwr.guard import EVALUATE_CANDIDATES
 from fedgo_flwr.guard import evaluate_candidates as evaluate_library_candidates
 from fedgo_flwr.models import create_classifier
 from fedgo_flwr.sampling import PARTITION_ID, QUERY_PARTITION, partition_reply
 from fedgo_flwr.seeds import client_seed
-from fedgo_flwr.strategies.base import METHOD_KEY
 from fedgo_flwr.strategies.client_methods import local_update as method_update
 from fedgo_flwr.train import evaluate, train_classifier
 
@@ -52,18 +50,10 @@ def local_update(message: Message, local: Local, model: nn.Module,
 
 
 def train(message: Message, local: Local) -> Message:
-    """ClientUpdate, with FedProx's term where the train config has "proximal-mu", or the
-    library's step of the clients' method it names (SCAFFOLD's, FedUV's, FedGKD's:
-    fedgo_flwr.strategies.client_methods), under any server."""
-    conf = config_of(message)
-    if METHOD_KEY in conf:
-        return method_step(message, local)
-    model = local.classifier(message)
-    if "proximal-mu" not in conf:
-        return local_update(message, local, model)
-    anchor = [w.detach().clone().to(local.device) for w in model.parameters()]
-    mu = float(conf["proximal-mu"])
-    return local_update(message, local, model, extra_loss=lambda m: proximal_term(m, anchor, mu))
+    """ClientUpdate: the library's client step (fedgo_flwr.strategies.client_methods), with
+    FedProx's term where the train config has "proximal-mu" and the terms of the clients'
+    method it names (SCAFFOLD's, FedUV's, FedGKD's), under any server."""
+    return method_step(message, local)
 
 
 def evaluate_local(message: Message, local: Local) -> Message:

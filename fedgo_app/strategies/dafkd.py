@@ -24,7 +24,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 from torch import nn
 
 from fedgo_flwr.keys import NON_NEGATIVE, key
@@ -65,19 +64,6 @@ class DaFKDApp(EnsembleApp, LibraryDaFKD):
 
     distillation_set = LibraryDaFKD.distillation_set
     scores = LibraryDaFKD.scores
-
-    def train_content(self, server_round: int, arrays: ArrayRecord) -> RecordDict:
-        content = super().train_content(server_round, arrays)
-        content[GENERATOR] = ArrayRecord(self.generator.state_dict())
-        content[HEAD] = ArrayRecord(self.head.state_dict())
-        return content
-
-    def train_config(self, server_round: int) -> ConfigRecord:
-        conf = super().train_config(server_round)
-        conf.update({"train-generator": self.trains_generator(server_round),
-                     "latent-dim": self.generator.latent_dim,
-                     "generator-width": self.generator.dim, "gan-lr": self.gan_lr})
-        return conf
 
     def train_extras(self, server_round: int) -> dict[str, dict[str, torch.Tensor]]:
         """Train replies also carry D_k's head, and G in the generator rounds."""

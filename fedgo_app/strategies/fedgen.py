@@ -23,17 +23,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
-
-from fedgo_app.client_context import Local, config_of
 from fedgo_flwr.keys import AT_LEAST_ONE, FRACTION, NON_NEGATIVE, POSITIVE, key
-from fedgo_flwr.seeds import client_seed
 from fedgo_app.server.record import RunRecord
-from fedgo_app.strategies.base import CLIENT, FedAvgStrategy, ServerSetup, local_update
+from fedgo_app.strategies.base import CLIENT, FedAvgStrategy, ServerSetup
+from fedgo_app.strategies.clients import library_step
 from fedgo_app.strategies.registry import StrategySpec
 from fedgo_flwr.strategies.fedgen import FedGen as LibraryFedGen
-from fedgo_flwr.strategies.fedgen import GENERATOR, generated_feature_loss, received_generator
-from fedgo_flwr.strategies.label_counts import LABEL_COUNTS, label_counts
+from fedgo_flwr.strategies.fedgen import generated_feature_update
 
 
 @dataclass(frozen=True)
@@ -73,17 +69,6 @@ class FedGenApp(FedAvgStrategy, LibraryFedGen):
                          decay=keys.decay)
         self.observers.append(self.record_generator)
 
-    def train_content(self, server_round: int, arrays: ArrayRecord) -> RecordDict:
-        content = super().train_content(server_round, arrays)
-        for name, record in self.train_payload(server_round)[0].items():
-            content[name] = record  # G_w, from the first round's heads on
-        return content
-
-    def train_config(self, server_round: int) -> ConfigRecord:
-        conf = super().train_config(server_round)
-        conf.update(self.train_payload(server_round)[1])
-        return conf
-
     def record_generator(self, report) -> None:
         """G_w's training of the round, into the run record."""
         self.record.time("generator_training", report.seconds["generator_training"],
@@ -91,25 +76,7 @@ class FedGenApp(FedAvgStrategy, LibraryFedGen):
         self.record.round(report.server_round).update(report.details["generator"])
 
 
-# ---------------------------------------------------------------------------- client side
-def generated_feature_update(message: Message, local: Local) -> Message:
-    """Eq. 5: ClientUpdate plus alpha_t CE(head(G_w(y^, eps)), y^), y^ ~ p^(y), once the server
-    sends G_w (fedgo_flwr's generated-feature loss); the reply also carries the label counts
-    c_k."""
-    conf = config_of(message)
-    model = local.classifier(message)
-    extra_loss = None
-    if GENERATOR in message.content.array_records:
-        generator, prior = received_generator(message, model.latent_dim)
-        extra_loss = generated_feature_loss(
-            generator, prior, alpha=float(conf["fedgen-alpha"]),
-            batch_size=int(conf["batch-size"]),
-            seed=client_seed(int(conf["seed"]), local.partition_id) + 1, device=local.device)
-    reply = local_update(message, local, model, extra_loss=extra_loss)
-    reply.content.metric_records["metrics"][LABEL_COUNTS] = label_counts(local.y,
-                                                                         local.num_classes)
-    return reply
-
-
-FEDGEN = StrategySpec("fedgen", FedGenApp, {**CLIENT, "train": generated_feature_update},
+# Its clients: the library's step (eq. 5), seeded by the partition.
+FEDGEN = StrategySpec("fedgen", FedGenApp,
+                      {**CLIENT, "train": library_step(generated_feature_update)},
                       keys=FedGenKeys)

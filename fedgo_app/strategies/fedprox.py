@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fedgo_app.strategies.base import CLIENT
 from fedgo_app.strategies.registry import StrategySpec
 from fedgo_flwr.keys import POSITIVE, choice, key
 
@@ -26,11 +25,10 @@ class FedProxKeys:
                     "server with proximal local training")
 
     def validate(self, cfg, strategies) -> None:
-        # The proximal term replaces the plain ClientUpdate: it composes with the strategies
-        # whose clients train as FedAvg's do (not with FedGen's own local objective).
-        choice("fedprox-base", self.base, [name for name, spec in strategies.items()
-                                           if spec.handlers.get("train") is CLIENT["train"]
-                                           and spec.clients is None])
+        # The proximal term joins the library's client step: any server whose clients take
+        # a client method (not FedGen's own local objective, not another client method).
+        choice("fedprox-base", self.base, [name for name in strategies
+                                           if strategies.takes_client_method(name)])
 
 
 # ---------------------------------------------------------------------------- server side

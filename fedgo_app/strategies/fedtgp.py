@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.app import Message
 
 from fedgo_app.server.record import RunRecord
 from fedgo_app.strategies.base import CLIENT, FedAvgStrategy, ServerSetup
@@ -48,17 +48,6 @@ class FedTGPApp(FedAvgStrategy, LibraryFedTGP):
                          server_epochs=keys.server_epochs,
                          server_batch_size=keys.server_batch_size, server_lr=keys.server_lr,
                          feature_dim=self.feature_dim)
-
-    def train_content(self, server_round: int, arrays: ArrayRecord) -> RecordDict:
-        content = super().train_content(server_round, arrays)
-        for name, record in self.global_prototypes().items():
-            content[name] = record
-        return content
-
-    def train_config(self, server_round: int) -> ConfigRecord:
-        conf = super().train_config(server_round)
-        conf.update(self.settings())
-        return conf
 
     def train_extras(self, server_round: int):
         return {LOCAL: {"prototypes": torch.zeros(self.num_classes, self.feature_dim),

@@ -123,17 +123,19 @@ class Registry(dict):
                                f"type {message_type!r}; it answers {sorted(handlers)}")
         return attacked(cfg, message_type, handlers[message_type])
 
-    def method_problem(self, strategy: str, client_method: str) -> str | None:
-        """Why strategy's server cannot run on client_method's clients, or None: it has a
-        client method of its own (FedProx, SCAFFOLD, ...), or a client step that takes none
+    def takes_client_method(self, strategy: str) -> bool:
+        """Whether another's clients can run under strategy's server: not where it has a
+        client method of its own (FedProx, SCAFFOLD, ...) or a client step that takes none
         (FedGen's, FedTGP's: the library's `own_client_step`)."""
-        def takes(spec: StrategySpec) -> bool:
-            return not (spec.clients or spec.wraps
-                        or getattr(spec.server, "own_client_step", False))
-        if not takes(self[strategy]):
+        spec = self[strategy]
+        return not (spec.clients or spec.wraps or getattr(spec.server, "own_client_step", False))
+
+    def method_problem(self, strategy: str, client_method: str) -> str | None:
+        """Why strategy's server cannot run on client_method's clients, or None."""
+        if not self.takes_client_method(strategy):
             return (f"strategy {strategy!r} has clients of its own; client-method puts "
                     f"{client_method!r}'s under the servers of "
-                    + ", ".join(n for n, s in self.items() if takes(s)))
+                    + ", ".join(n for n in self if self.takes_client_method(n)))
         return None
 
     def reads(self, name: str, strategy_keys: Mapping[str, Any]) -> set[str]:

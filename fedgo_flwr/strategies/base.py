@@ -29,57 +29,10 @@ from fedgo_flwr.aggregation import mean_of_replies
 from fedgo_flwr.checks import check_keywords
 from fedgo_flwr.replies import examples_problem, payload_bytes, state_problem
 from fedgo_flwr.sampling import ClientKeys, sample_clients
-from fedgo_flwr.seeds import client_seed, round_seed
+from fedgo_flwr.seeds import round_seed
+from fedgo_flwr.strategies.messages import METHOD_KEY, OPTIONAL_TRAINING
 from fedgo_flwr.strategies.rounds import ClientModel, RoundReport
 from fedgo_flwr.train import OPTIMIZERS, resolve_device
-
-METHOD_KEY = "client-method"  # the train config's entry naming the clients' method
-# what the library's client loop must be told (`client_training`), and what else it reads,
-# with its defaults
-CLIENT_TRAINING = ("lr", "local-epochs", "optimizer")
-OPTIONAL_TRAINING = ("batch-size (64)", "momentum (0.9)", "flip (false)", "random-crop (0)",
-                     "train-loss-key ('train-loss')")
-
-
-def retyped(messages: Iterable[Message], message_type: str, arrays: dict[str, ArrayRecord],
-            settings: dict, config_key: str = "config", defaults: dict | None = None
-            ) -> list[Message]:
-    """FedAvg's `messages` as `message_type` (a method's own, so that a user's plain handler
-    is untouched), with more ArrayRecords, and `defaults` under and `settings` over the
-    caller's config."""
-    out = []
-    for m in messages:
-        content = m.content
-        config = ConfigRecord({**(defaults or {}), **content.config_records[config_key],
-                               **settings})
-        out.append(Message(RecordDict({**content.array_records, **arrays, config_key: config}),
-                           dst_node_id=m.metadata.dst_node_id, message_type=message_type))
-    return out
-
-
-def message_seed(message: Message) -> int:
-    """This client's seed: the config's "seed" (0 without) made distinct by its node id."""
-    conf = message.content.config_records["config"]
-    return client_seed(int(conf.get("seed", 0)), message.metadata.dst_node_id % 100_000)
-
-
-def loss_named(result: dict, message: Message) -> dict:
-    """The training's metrics with its loss under the config's "train-loss-key" (the name the
-    user's own train handler reports it by)."""
-    name = str(message.content.config_records["config"].get("train-loss-key", "train-loss"))
-    return {(name if k == "train-loss" else k): v for k, v in result.items()}
-
-
-def model_reply(message: Message, model: nn.Module, num_examples: int, result: dict,
-                arrays: dict[str, ArrayRecord] | None = None,
-                metrics: dict | None = None) -> Message:
-    """The reply of a method's own client step: ArrayRecord "arrays" (the trained model) and
-    any more `arrays`, MetricRecord "metrics" (num-examples, the training's `result` with its
-    loss named by the config's "train-loss-key", and any more `metrics`)."""
-    return Message(RecordDict({
-        "arrays": ArrayRecord(model.cpu().state_dict()), **(arrays or {}),
-        "metrics": MetricRecord({"num-examples": num_examples, **loss_named(result, message),
-                                 **(metrics or {})})}), reply_to=message)
 
 
 class ServerUpdateFedAvg(FedAvg):
@@ -131,6 +84,7 @@ class ServerUpdateFedAvg(FedAvg):
     client_training: tuple[str, ...] = ()
     own_client_step = False  # its clients train with a step of its own that takes no
     # `client_method` (FedGen's, FedTGP's; DaFKD's step takes one)
+    train_type = "train"  # the train messages' type (a method's own: "train.dafkd", ...)
 
     def __init__(self, *, model_fn: Callable[[], nn.Module], seed: int = 0,
                  device: str | torch.device | None = None,
@@ -154,10 +108,10 @@ class ServerUpdateFedAvg(FedAvg):
         self.num_examples_fn = num_examples_fn
         self.proximal_mu = float(proximal_mu)
         self.client_method = client_method
+        if self.own_client_step and (client_method is not None or self.proximal_mu):
+            raise ValueError(f"{type(self).__name__}'s clients train with a step of its own, "
+                             "which takes no client_method or proximal_mu")
         if client_method is not None:
-            if self.own_client_step:
-                raise ValueError(f"{type(self).__name__}'s clients train with a step of its "
-                                 "own, which takes no client_method")
             client_method.bind(self)
         self.observers = list(observers)
         self.sampled: dict[int, object] = {}  # node id -> key, this round's A_t
@@ -210,8 +164,9 @@ class ServerUpdateFedAvg(FedAvg):
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
         """FedAvg's, with A_t drawn by the seed and the round over the clients' keys
-        (fedgo_flwr.sampling), and in the config the round's client seed "seed" (unless the
-        caller's `train_config` has one) and `proximal_mu`."""
+        (fedgo_flwr.sampling); each message of type `train_type` (or the clients' method's),
+        with the round's client seed "seed" in the config unless the caller's `train_config`
+        has one, and `train_payload`."""
         self.grid = grid  # what the guard and late stages send through
         if self.fraction_train == 0.0:
             return []
@@ -224,19 +179,29 @@ class ServerUpdateFedAvg(FedAvg):
         log(INFO, "configure_train: sampled clients %s (of %d)", chosen, len(by_key))
         # the round's client seed where the caller gives none (a copy: Flower passes the
         # caller's record every round)
+        extra, settings = self.train_payload(server_round, arrays)
         config = ConfigRecord({"seed": round_seed(self.seed, server_round), **config,
-                               "server-round": server_round})
+                               "server-round": server_round, **settings})
+        record = RecordDict({self.arrayrecord_key: arrays, **extra,
+                             self.configrecord_key: config})
+        kind = (self.client_method.message_type
+                if self.client_method is not None and self.train_type == "train"
+                else self.train_type)
+        return [Message(record, dst_node_id=n, message_type=kind) for n in self.sampled]
+
+    def train_payload(self, server_round: int, arrays: ArrayRecord
+                      ) -> tuple[dict[str, ArrayRecord], dict]:
+        """What every train message carries besides the model `arrays` and the caller's
+        config: (ArrayRecords, config entries). FedAvg's: "proximal-mu" where set and what
+        the clients' method sends; a strategy adds its own to `super()`'s (DaFKD's G and
+        head, FedGen's G_w, ...)."""
+        extra, settings = {}, {}
         if self.proximal_mu:
-            config["proximal-mu"] = self.proximal_mu
-        record = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: config})
-        messages = [Message(record, dst_node_id=n, message_type="train") for n in self.sampled]
-        if self.client_method is None:
-            return messages
-        method = self.client_method
-        extra, settings = method.payload(server_round, arrays)
-        return retyped(messages, method.message_type, extra, {METHOD_KEY: method.name,
-                                                              **settings},
-                       self.configrecord_key)
+            settings["proximal-mu"] = self.proximal_mu
+        if self.client_method is not None:
+            extra, more = self.client_method.payload(server_round, arrays)
+            settings.update({METHOD_KEY: self.client_method.name, **more})
+        return extra, settings
 
     def method_step(self, server_round: int, report: RoundReport) -> None:
         """The clients' method's server step on the round's average (SCAFFOLD's x and c),

@@ -30,8 +30,8 @@ from torch import nn
 
 from fedgo_flwr.inputs import labelled
 from fedgo_flwr.replies import state_problem
-from fedgo_flwr.strategies.base import (CLIENT_TRAINING, METHOD_KEY, ClientModel, message_seed,
-                                        model_reply)
+from fedgo_flwr.strategies.base import ClientModel
+from fedgo_flwr.strategies.messages import CLIENT_TRAINING, METHOD_KEY, message_seed, model_reply
 from fedgo_flwr.strategies.label_counts import train_as_configured
 
 METHODS: dict[str, type[ClientMethod]] = {}  # name -> class, filled as the modules load
@@ -117,20 +117,40 @@ def method_of(message: Message) -> type[ClientMethod]:
     return METHODS[name]
 
 
+def proximal_term(model: nn.Module, anchor: list[torch.Tensor], mu: float) -> torch.Tensor:
+    """FedProx's (mu / 2) sum over parameters of ||w - w^t||^2, to add to a client's loss;
+    `anchor` holds the received global parameters w^t (detached), `mu` the value Flower's
+    `FedProx` sends as "proximal-mu" in the train config. Its gradient is mu (w - w^t)."""
+    return 0.5 * mu * sum(((w - a) ** 2).sum() for w, a in zip(model.parameters(), anchor))
+
+
+def with_proximal(terms: LocalTerms, model: nn.Module, mu: float, device: torch.device
+                  ) -> LocalTerms:
+    """`terms` with FedProx's term around `model`'s current (received) weights added."""
+    anchor = [w.detach().clone().to(device) for w in model.parameters()]
+    extra = terms.extra_loss
+    terms.extra_loss = (lambda m: proximal_term(m, anchor, mu)) if extra is None else (
+        lambda m: proximal_term(m, anchor, mu) + extra(m))
+    return terms
+
+
 def local_update(message: Message, model: nn.Module, data, state: RecordDict | None = None, *,
                  device: str | torch.device = "cpu", seed: int | None = None) -> Message:
-    """A client's round under the method its train config names ("client-method"): `model`
-    (the user's, given the received weights) trained on `data` (labelled: (images, labels), a
-    Dataset or a DataLoader) with the method's terms, its state in `state` (the node's
-    context.state; SCAFFOLD's c_i). Settings from the train config as label_counts.TRAINING
+    """A client's round (ClientUpdate) under the method its train config names
+    ("client-method"; none: plain local training), with FedProx's term where the config has
+    "proximal-mu": `model` (the user's, given the received weights) trained on `data`
+    (labelled: (images, labels), a Dataset or a DataLoader) with the method's terms, its state
+    in `state` (the node's context.state; SCAFFOLD's c_i). Settings from the train config as label_counts.TRAINING
     reads them. The reply holds ArrayRecord "arrays" (and the method's own, e.g. SCAFFOLD's
     "control-delta") and MetricRecord "metrics" (num-examples, the loss under
     "train-loss-key", train-seconds, and the method's own)."""
     conf, device = message.content.config_records["config"], torch.device(device)
     x, y = labelled(data)
     model.load_state_dict(message.content.array_records["arrays"].to_torch_state_dict())
-    terms = method_of(message).terms(message, model, state if state is not None
-                                     else RecordDict(), device)
+    method = method_of(message) if METHOD_KEY in conf else ClientMethod
+    terms = method.terms(message, model, state if state is not None else RecordDict(), device)
+    if "proximal-mu" in conf:
+        terms = with_proximal(terms, model, float(conf["proximal-mu"]), device)
     result = train_as_configured(terms.module or model, x, y, conf, device=device,
                                  extra_loss=terms.extra_loss, batch_term=terms.batch_term,
                                  after_step=terms.after_step,

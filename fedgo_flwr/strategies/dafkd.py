@@ -15,8 +15,7 @@ import time
 
 import torch
 import torch.nn.functional as F
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
-from flwr.serverapp import Grid
+from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 from torch import nn
 
 from fedgo_flwr.aggregation import mean_of_replies
@@ -26,9 +25,9 @@ from fedgo_flwr.gan import draw_images
 from fedgo_flwr.inputs import labelled
 from fedgo_flwr.models import Generator
 from fedgo_flwr.seeds import round_seed
-from fedgo_flwr.strategies.base import (CLIENT_TRAINING, METHOD_KEY, ClientModel,
-                                        message_seed, model_reply, retyped)
-from fedgo_flwr.strategies.client_methods import LocalTerms, method_of
+from fedgo_flwr.strategies.base import ClientModel
+from fedgo_flwr.strategies.messages import CLIENT_TRAINING, METHOD_KEY, message_seed, model_reply
+from fedgo_flwr.strategies.client_methods import LocalTerms, method_of, with_proximal
 from fedgo_flwr.strategies.ensemble import EnsembleDistillation
 from fedgo_flwr.strategies.feduv import Encoded
 from fedgo_flwr.teachers import server_autocast
@@ -155,6 +154,7 @@ class DaFKD(EnsembleDistillation):
     """
 
     client_training = CLIENT_TRAINING
+    train_type = TRAIN_DAFKD  # its clients' local step, not Flower's plain "train"
 
     def __init__(self, *, model_fn, unlabeled_data=None,
                  image_shape: tuple[int, int, int] | None = None,
@@ -183,17 +183,15 @@ class DaFKD(EnsembleDistillation):
     def trains_generator(self, server_round: int) -> bool:
         return server_round <= self.gan_rounds
 
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                        grid: Grid):
-        """FedAvg's sampling; each message also carries G, the global head and G's settings,
-        as message type train.dafkd."""
-        extra = {GENERATOR: ArrayRecord(self.generator.state_dict()),
-                 HEAD: ArrayRecord(self.head.state_dict())}
-        settings = {"train-generator": self.trains_generator(server_round),
-                    "latent-dim": self.generator.latent_dim,
-                    "generator-width": self.generator.dim, "gan-lr": self.gan_lr}
-        return retyped(super().configure_train(server_round, arrays, config, grid), TRAIN_DAFKD,
-                       extra, settings, self.configrecord_key)
+    def train_payload(self, server_round: int, arrays: ArrayRecord):
+        """FedAvg's, and G, the global head and G's settings."""
+        extra, settings = super().train_payload(server_round, arrays)
+        extra.update({GENERATOR: ArrayRecord(self.generator.state_dict()),
+                      HEAD: ArrayRecord(self.head.state_dict())})
+        settings.update({"train-generator": self.trains_generator(server_round),
+                         "latent-dim": self.generator.latent_dim,
+                         "generator-width": self.generator.dim, "gan-lr": self.gan_lr})
+        return extra, settings
 
     def extra_arrays(self, server_round: int) -> tuple[str, ...]:
         return (HEAD, GENERATOR) if self.trains_generator(server_round) else (HEAD,)
@@ -270,6 +268,8 @@ def domain_aware_update(message: Message, model: nn.Module, data,
     terms = (method_of(message).terms(message, model, state if state is not None
                                       else RecordDict(), torch.device(device))
              if METHOD_KEY in conf else LocalTerms())
+    if "proximal-mu" in conf:  # FedProx's clients under DaFKD's server
+        terms = with_proximal(terms, model, float(conf["proximal-mu"]), torch.device(device))
     result = train_domain_aware(
         model, head, generator, x, y, epochs=int(conf.get("local-epochs", 1)),
         batch_size=int(conf.get("batch-size", 64)), lr=float(conf.get("lr", 1e-3)),

@@ -45,7 +45,7 @@ from fedgo_flwr.inputs import labelled
 from fedgo_flwr.checks import check_model
 from fedgo_flwr.models import ConditionalGenerator
 from fedgo_flwr.seeds import round_seed
-from fedgo_flwr.strategies.base import message_seed, retyped
+from fedgo_flwr.strategies.messages import message_seed, retyped
 from fedgo_flwr.strategies.label_counts import (LABEL_COUNTS, TRAINING, LabelCountFedAvg,
                                                 label_prior, train_as_configured,
                                                 trained_reply)
@@ -169,8 +169,9 @@ class FedBPG(LabelCountFedAvg):
             self.device)
 
     # --- what the clients receive
-    def train_payload(self, server_round: int):
-        return {}, dict(self.fusion)
+    def train_payload(self, server_round: int, arrays: ArrayRecord):
+        extra, settings = super().train_payload(server_round, arrays)
+        return extra, {**settings, **self.fusion}
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> list[Message]:

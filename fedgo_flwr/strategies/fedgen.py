@@ -33,7 +33,7 @@ from fedgo_flwr.inputs import labelled
 from fedgo_flwr.models import FeatureGenerator
 from fedgo_flwr.seeds import round_seed
 from fedgo_flwr.strategies.dafkd import feature_space_problem
-from fedgo_flwr.strategies.base import message_seed
+from fedgo_flwr.strategies.messages import message_seed
 from fedgo_flwr.strategies.label_counts import (LabelCountFedAvg, label_prior, num_classes_of,
                                                 train_as_configured, trained_reply)
 from fedgo_flwr.weighting import label_shares
@@ -142,12 +142,14 @@ class FedGen(LabelCountFedAvg):
             self.optimizer.param_groups[0]["lr"], self.noise_dim, self.hidden_dim, self.alpha,
             self.decay, self.device)
 
-    def train_payload(self, server_round: int):
-        """G_w, p^(y) and alpha_t, once G_w has been trained on a round's predictors."""
+    def train_payload(self, server_round: int, arrays: ArrayRecord):
+        """LabelCountFedAvg's, and G_w, p^(y) and alpha_t once G_w has been trained on a
+        round's predictors."""
+        extra, settings = super().train_payload(server_round, arrays)
         if self.prior is None:
-            return {}, {}
-        return {GENERATOR: ArrayRecord(self.generator.state_dict())}, {
-            "fedgen-alpha": self.alpha * self.decay ** server_round,
+            return extra, settings
+        return {**extra, GENERATOR: ArrayRecord(self.generator.state_dict())}, {
+            **settings, "fedgen-alpha": self.alpha * self.decay ** server_round,
             "label-prior": self.prior.tolist(), "noise-dim": self.noise_dim,
             "hidden-dim": self.hidden_dim}
 
@@ -206,18 +208,19 @@ def generated_feature_loss(generator: FeatureGenerator, prior: torch.Tensor, *, 
 
 
 def generated_feature_update(message: Message, model: nn.Module, data, *,
-                             device: str | torch.device = "cpu") -> Message:
+                             device: str | torch.device = "cpu",
+                             seed: int | None = None) -> Message:
     """A FedGen client's round (eq. 5): `model` (the user's, given the received weights)
     trained on `data` (labelled: (images, labels), a Dataset or a DataLoader) as FedAvg's
     clients train, plus alpha_t CE(head(G_w(y^, eps)), y^) once the message carries G_w.
-    Reads "local-epochs" (1), "batch-size" (64), "lr" (1e-3), "flip" (True), "seed" (0), ...
-    from the message's config (label_counts.TRAINING). The reply holds ArrayRecord "arrays"
+    Reads "local-epochs" (1), "batch-size" (64), "lr" (1e-3), "flip" (True), "seed" (0; `seed`
+    overrides it with the node's own), ... from the message's config (label_counts.TRAINING). The reply holds ArrayRecord "arrays"
     and MetricRecord "metrics" (num-examples, train-loss, train-seconds and label-counts,
     the client's label counter c_k)."""
     conf, device = message.content.config_records["config"], torch.device(device)
     x, y = labelled(data)
     model.load_state_dict(message.content.array_records["arrays"].to_torch_state_dict())
-    seed, extra_loss = message_seed(message), None
+    seed, extra_loss = message_seed(message) if seed is None else seed, None
     if GENERATOR in message.content.array_records:
         generator, prior = received_generator(message, model.latent_dim)
         extra_loss = generated_feature_loss(

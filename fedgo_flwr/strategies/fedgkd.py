@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from flwr.app import ArrayRecord, Message, RecordDict
 from torch import nn
 
-from fedgo_flwr.strategies.base import CLIENT_TRAINING
+from fedgo_flwr.strategies.messages import CLIENT_TRAINING
 from fedgo_flwr.strategies.client_methods import ClientMethod, LocalTerms
 from fedgo_flwr.strategies.feddf import FedDF
 

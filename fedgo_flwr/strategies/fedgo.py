@@ -32,7 +32,8 @@ from fedgo_flwr.inputs import images_of
 from fedgo_flwr.models import Discriminator, Generator
 from fedgo_flwr.defences import screened
 from fedgo_flwr.replies import examples_problem, payload_bytes, state_problem
-from fedgo_flwr.strategies.base import ClientModel, RoundReport, message_seed
+from fedgo_flwr.strategies.base import ClientModel, RoundReport
+from fedgo_flwr.strategies.messages import message_seed
 from fedgo_flwr.strategies.ensemble import EnsembleDistillation
 from fedgo_flwr.teachers import top_teacher_logits
 from fedgo_flwr.weighting import unlabelled_rule

@@ -34,13 +34,12 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from flwr.app import ArrayRecord, ConfigRecord, Message
-from flwr.serverapp import Grid
+from flwr.app import ArrayRecord, Message
 from torch import nn
 
 from fedgo_flwr.inputs import labelled
-from fedgo_flwr.strategies.base import (CLIENT_TRAINING, ClientModel, RoundReport,
-                                        ServerUpdateFedAvg, message_seed, model_reply, retyped)
+from fedgo_flwr.strategies.base import ClientModel, RoundReport, ServerUpdateFedAvg
+from fedgo_flwr.strategies.messages import CLIENT_TRAINING, message_seed, model_reply
 from fedgo_flwr.strategies.feduv import Encoded, needs_encoder
 from fedgo_flwr.strategies.label_counts import train_as_configured
 from fedgo_flwr.train import apply_in_batches
@@ -126,6 +125,7 @@ class FedTGP(ServerUpdateFedAvg):
 
     client_training = CLIENT_TRAINING
     own_client_step = True
+    train_type = TRAIN_FEDTGP
 
     def __init__(self, *, model_fn, num_classes: int, prototype_weight: float = 0.001,
                  margin_threshold: float = 100.0, server_epochs: int = 1000,
@@ -149,12 +149,10 @@ class FedTGP(ServerUpdateFedAvg):
         self.tgp = self.build(feature_dim) if feature_dim else None
         self.known = torch.zeros(num_classes, dtype=torch.bool)  # classes with a prototype
 
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                        grid: Grid):
-        """FedAvg's messages as train.fedtgp, carrying P once there is one, and lambda."""
-        return retyped(super().configure_train(server_round, arrays, config, grid),
-                       TRAIN_FEDTGP, self.global_prototypes(), self.settings(),
-                       self.configrecord_key)
+    def train_payload(self, server_round: int, arrays: ArrayRecord):
+        """FedAvg's, and P once there is one, and lambda."""
+        extra, settings = super().train_payload(server_round, arrays)
+        return {**extra, **self.global_prototypes()}, {**settings, **self.settings()}
 
     def global_prototypes(self) -> dict[str, ArrayRecord]:
         """What a train message carries: P and which classes have one, once there is one."""

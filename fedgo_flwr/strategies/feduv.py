@@ -24,7 +24,8 @@ import torch.nn.functional as F
 from flwr.app import Message, RecordDict
 from torch import nn
 
-from fedgo_flwr.strategies.base import CLIENT_TRAINING, ServerUpdateFedAvg
+from fedgo_flwr.strategies.base import ServerUpdateFedAvg
+from fedgo_flwr.strategies.messages import CLIENT_TRAINING
 from fedgo_flwr.strategies.client_methods import ClientMethod, LocalTerms
 
 TRAIN_FEDUV = "train.feduv"

@@ -14,12 +14,10 @@ from collections.abc import Callable
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message
-from flwr.serverapp import Grid
 from torch import nn
 
-from fedgo_flwr.seeds import round_seed
-from fedgo_flwr.strategies.base import (CLIENT_TRAINING, ClientModel, ServerUpdateFedAvg,
-                                        model_reply, retyped)
+from fedgo_flwr.strategies.base import ClientModel, ServerUpdateFedAvg
+from fedgo_flwr.strategies.messages import CLIENT_TRAINING, model_reply
 from fedgo_flwr.train import train_classifier
 
 LABEL_COUNTS = "label-counts"  # the reply's metric: c_k, C integers summing to n_k
@@ -87,18 +85,11 @@ class LabelCountFedAvg(ServerUpdateFedAvg):
         self.num_classes = num_classes
 
     # --- what the clients receive
-    def train_payload(self, server_round: int) -> tuple[dict[str, ArrayRecord], dict]:
-        """(ArrayRecords, config entries) a train message carries besides FedAvg's."""
-        return {}, {}
-
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                        grid: Grid) -> list[Message]:
-        """FedAvg's sampling; the messages as `train_type`, with the method's payload, C and
-        the round's seed (where the caller's config has none)."""
-        extra, settings = self.train_payload(server_round)
-        return retyped(super().configure_train(server_round, arrays, config, grid),
-                       self.train_type, extra, {"num-classes": self.num_classes, **settings},
-                       self.configrecord_key, {"seed": round_seed(self.seed, server_round)})
+    def train_payload(self, server_round: int, arrays: ArrayRecord
+                      ) -> tuple[dict[str, ArrayRecord], dict]:
+        """FedAvg's, and C."""
+        extra, settings = super().train_payload(server_round, arrays)
+        return extra, {**settings, "num-classes": self.num_classes}
 
     # --- the round
     def reply_problem(self, reply: Message, extras: tuple[str, ...] = ()) -> str | None:

@@ -40,7 +40,8 @@ import torch
 from flwr.app import ArrayRecord, Message, RecordDict
 from torch import nn
 
-from fedgo_flwr.strategies.base import CLIENT_TRAINING, ClientModel, ServerUpdateFedAvg
+from fedgo_flwr.strategies.base import ClientModel, ServerUpdateFedAvg
+from fedgo_flwr.strategies.messages import CLIENT_TRAINING
 from fedgo_flwr.strategies.client_methods import ClientMethod, LocalTerms
 from fedgo_flwr.strategies.label_counts import TRAINING
 
