@@ -295,8 +295,7 @@ class FedAvgStrategy(ServerUpdateFedAvg):
         report.arrays, metrics = self.server_update(
             server_round, report.averaged, report.clients, report)
         report.metrics.update(metrics)
-        for observe in self.observers:
-            observe(report)
+        self.notify(report)
         return report.arrays.to_torch_state_dict()
 
     def library_report(self, server_round: int, averaged: dict[str, torch.Tensor] | None,

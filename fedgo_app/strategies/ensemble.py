@@ -220,7 +220,6 @@ class EnsembleApp(FedAvgStrategy, LibraryEnsemble):
         report.details["distill_by_architecture"] = {
             a: self.distill_student(server_round, student, u, targets, batches)
             for a, student in students.items()}
-        for observe in self.observers:
-            observe(report)
+        self.notify(report)
         return {a: {k: v.detach().cpu() for k, v in student.state_dict().items()}
                 for a, student in students.items()}

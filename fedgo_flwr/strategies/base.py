@@ -203,6 +203,12 @@ class ServerUpdateFedAvg(FedAvg):
             settings.update({METHOD_KEY: self.client_method.name, **more})
         return extra, settings
 
+    def notify(self, report) -> None:
+        """Each of the strategy's `observers`, given `report` (a round's, the pre-FL
+        stage's)."""
+        for observe in self.observers:
+            observe(report)
+
     def method_step(self, server_round: int, report: RoundReport) -> None:
         """The clients' method's server step on the round's average (SCAFFOLD's x and c),
         before the server update starts from it; its metrics join the round's."""
@@ -289,8 +295,7 @@ class ServerUpdateFedAvg(FedAvg):
             for key, value in info.items():
                 metrics[key] = value
             report.metrics = dict(metrics)
-        for observe in self.observers:
-            observe(report)
+        self.notify(report)
         return (report.arrays, metrics) if models else (None, None)
 
     def count_failure(self, server_round: int, replies: list[Message],

@@ -164,8 +164,7 @@ class FedGO(EnsembleDistillation):
             self.screen(report)
         log(INFO, "pre-FL: %d of %d discriminators in%s", len(self.log_odds), len(nodes),
             f"; {len(self.pending)} may still come" if self.pending else "")
-        for observe in self.observers:
-            observe(report)
+        self.notify(report)
 
     def screen(self, report: RoundReport) -> None:
         """`odds_screen`: D_k whose odds on U are saturated, constant or far from the rest
@@ -243,8 +242,7 @@ class FedGO(EnsembleDistillation):
                 len(self.log_odds), len(self.asked))
         if late and report.details.get("discriminators"):
             report.details["joined_late"] = sorted(report.details["discriminators"])
-            for observe in self.observers:
-                observe(report)
+            self.notify(report)
 
     def discriminator_problem(self, reply: Message) -> str | None:
         content = reply.content
