@@ -4,7 +4,7 @@
                                [--metric server_test_acc] [--by KEY] [--title TEXT]
                                [--diagnostics] [--communication] [--gap] [--of LABEL]
                                [--horizon N] [--lasting N] [--windows N]
-                               [--update docs/results.md]
+                               [--update docs/results/fair.md]
 
 prints, per row (a strategy as its spec names it from the record's config, e.g.
 `fedgo[beta=4]`) and alpha, the mean and std over seeds of the last round's server and
@@ -739,7 +739,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m fedgo_lab.report", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Tables and plots from run records. Without an option: the summary table\n"
                     "(mean ± std over seeds per row and alpha).",
-        epilog="e.g. python -m fedgo_lab.report docs/records/fmnist-fair --update docs/results.md")
+        epilog="e.g. python -m fedgo_lab.report docs/records/fmnist-fair --update docs/results/fair.md")
     parser.add_argument("dirs", nargs="*", type=Path, metavar="RESULTS_DIR",
                         help="folders searched for record.json files, at any depth (before "
                              "--metric and --against, which take every value after them)")
