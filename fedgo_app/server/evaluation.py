@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from logging import INFO, WARNING
 
 import torch
-from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common.logger import log
 
 from fedgo_app.server.architectures import Architectures
@@ -25,9 +26,11 @@ class Evaluation:
     """Scores the global model of each architecture; the record keeps the round's scores."""
 
     def __init__(self, setup: ServerSetup, record: RunRecord, architectures: Architectures,
-                 membership: Membership):
+                 membership: Membership,
+                 personal_config: Callable[[int], ConfigRecord | None] = lambda _: None):
         self.setup, self.record = setup, record
         self.architectures, self.membership = architectures, membership
+        self.personal_config = personal_config  # round -> the personal test's config
 
     def test_metrics(self, state: dict[str, torch.Tensor], architecture: str = "",
                      on: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[float, float]:
@@ -66,7 +69,9 @@ class Evaluation:
             return
         start = time.perf_counter()
         expected, arch = self.membership.present(), self.architectures
-        contents = {a: RecordDict({"arrays": ArrayRecord(g) if arch.heterogeneous else arrays})
+        config = self.personal_config(server_round)
+        contents = {a: RecordDict({"arrays": ArrayRecord(g) if arch.heterogeneous else arrays,
+                                   **({"config": config} if config is not None else {})})
                     for a, g in arch.globals_of(arrays.to_torch_state_dict()).items()}
         self.record.sent("personal", "down", sum(payload_bytes([contents[arch.of(p)]])
                                                  for p in expected.values()), server_round)

@@ -78,7 +78,8 @@ class FedAvgStrategy(ServerUpdateFedAvg):
         self.current_round = 0  # the round being configured or aggregated (0: pre-FL)
         self.membership = Membership(setup, record)
         self.architectures = Architectures(setup)
-        self.evaluation = Evaluation(setup, record, self.architectures, self.membership)
+        self.evaluation = Evaluation(setup, record, self.architectures, self.membership,
+                                     self.personal_config)
         self.averaging = Averaging(cfg, record, self.architectures)
         self._sent_at = 0.0
         self._sent_state: dict[str, torch.Tensor] = {}
@@ -122,6 +123,11 @@ class FedAvgStrategy(ServerUpdateFedAvg):
             if why := self.mixed_problem():
                 raise ConfigError(f"the clients run {', '.join(self.architectures.names)}: "
                                   f"{why}")
+
+    def personal_config(self, server_round: int) -> ConfigRecord | None:
+        """The config of the clients' personal test (personal-test-fraction); FedAvg's:
+        none."""
+        return None
 
     def check_training(self, train_config: ConfigRecord) -> None:
         """Nothing for `start` to ask of its caller: the app's clients train as the run config

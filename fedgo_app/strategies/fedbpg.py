@@ -32,28 +32,24 @@ server's test accuracy of omega-bar, as for every strategy.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from logging import WARNING
 
-from flwr.app import Message
-from flwr.common.logger import log
-from torch import nn
+from flwr.app import ConfigRecord, Message
 
-from fedgo_app.client_context import Local, config_of, reply
+from fedgo_app.client_context import Local, config_of
 from fedgo_flwr.keys import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, check, key
 from fedgo_flwr.seeds import client_seed
 from fedgo_app.server.record import RunRecord
-from fedgo_app.strategies.base import CLIENT, FedAvgStrategy, ServerSetup, local_update
+from fedgo_app.strategies.base import CLIENT, FedAvgStrategy, ServerSetup
+from fedgo_app.strategies.clients import library_step
 from fedgo_app.strategies.registry import StrategySpec
 from fedgo_flwr.strategies.fedbpg import (ALPHAS, FUSION_ALPHA, GENERATOR_SECONDS,
-                                          LOCAL_MODEL, adaptive_fusion, deep_personalise,
-                                          keep_personal, stored_alphas)
+                                          LOCAL_MODEL)
 from fedgo_flwr.strategies.fedbpg import FedBPG as LibraryFedBPG
-from fedgo_flwr.strategies.label_counts import LABEL_COUNTS, label_counts
-from fedgo_flwr.train import evaluate, train_classifier
+from fedgo_flwr.strategies.fedbpg import personalised_evaluate as personalised_evaluate_on
+from fedgo_flwr.strategies.fedbpg import personalised_update as personalised_update_on
 
 # ALPHAS and LOCAL_MODEL, the node's state keys, are the library's, named here too.
-__all__ = ["ALPHAS", "FEDBPG", "LOCAL_MODEL", "FedBPGApp", "FedBPGKeys", "personalised_evaluate",
-           "personalised_update"]
+__all__ = ["ALPHAS", "FEDBPG", "LOCAL_MODEL", "FedBPGApp", "FedBPGKeys", "personal_evaluate"]
 
 
 @dataclass(frozen=True)
@@ -124,6 +120,13 @@ class FedBPGApp(FedAvgStrategy, LibraryFedBPG):
             self.carried = ()
         self.observers.append(self.record_tuning)
 
+    def personal_config(self, server_round: int) -> ConfigRecord:
+        """What each client's personalised evaluation reads: the training settings, the
+        run's seed, and the fusion's and DP's (the library's `personal_settings`)."""
+        conf = self.train_config(server_round)
+        conf.update({"seed": self.cfg.seed, **self.personal_settings()})
+        return conf
+
     def record_tuning(self, report) -> None:
         """The clients' mean alpha (the appendix's Figure 5), G's losses and the tuning's
         figures, with the same round's averaged model untuned beside it (what ED adds is
@@ -148,64 +151,20 @@ class FedBPGApp(FedAvgStrategy, LibraryFedBPG):
 
 
 # ---------------------------------------------------------------------------- client side
-# The fusion, omega_k's keeping in the node's state and DP are the library's
-# (fedgo_flwr/strategies/fedbpg.py); these handlers run them with the run config.
-
-
-def personal_start(message: Message, local: Local, seed: int
-                   ) -> tuple[nn.Module, dict[str, float]]:
-    """(the model the client personalises from, its fusion alphas): with AF and a local model
-    of its last round, alpha omega_k + (1 - alpha) omega-bar with alphas learned on its data;
-    else the global model as received (no alphas)."""
-    keys = local.cfg.keys("fedbpg")
-    global_model = local.classifier(message)
-    own = local.state.array_records.get(LOCAL_MODEL)
-    if not keys.adaptive_fusion or own is None:
-        return global_model, {}
-    own_model = local.load_classifier(own)
-    alphas = adaptive_fusion(own_model, global_model, local.x, local.y,
-                             start=stored_alphas(local.state), steps=keys.fusion_steps,
-                             lr=keys.fusion_lr, batch_size=int(local.cfg.batch_size), seed=seed,
-                             device=local.device)
-    return own_model, alphas
-
-
-def personalised_update(message: Message, local: Local) -> Message:
-    """Fuse (AF), train as FedAvg's clients do, keep the result as omega_k and upload it with
-    the label counts and the mean alpha."""
-    conf = config_of(message)
-    if LOCAL_MODEL not in local.state.array_records and int(conf["server-round"]) > 1:
-        log(WARNING, "partition %d has no local model of an earlier round (its first round, or a "
-            "new or restarted node): it starts from the global model", local.partition_id)
-    model, alphas = personal_start(message, local,
-                                   client_seed(int(conf["seed"]), local.partition_id))
-    answer = local_update(message, local, model)
-    keep_personal(local.state, model, alphas)
-    metrics = answer.content.metric_records["metrics"]
-    metrics[LABEL_COUNTS] = label_counts(local.y, local.num_classes)
-    if alphas:
-        metrics[FUSION_ALPHA] = sum(alphas.values()) / len(alphas)
-    return answer
-
-
-def personalised_evaluate(message: Message, local: Local) -> Message:
-    """The personal model's accuracy and loss on the client's personal test split; with DP
-    its last linear layer is first fine-tuned on S_k."""
-    keys, cfg = local.cfg.keys("fedbpg"), local.cfg
-    seed = client_seed(cfg.seed, local.partition_id)
-    model, _ = personal_start(message, local, seed)
-    if keys.deep_personalisation:
-        deep_personalise(model, lambda m: train_classifier(
-            m, local.x, local.y, epochs=keys.dp_epochs, batch_size=cfg.batch_size, lr=cfg.lr,
-            flip=cfg.flip, crop=cfg.random_crop, optimizer=cfg.optimizer,
-            momentum=cfg.momentum, seed=seed, device=local.device))
-    x, y = (local.test_x, local.test_y) if len(local.test_y) else (local.x, local.y)
-    acc, loss = evaluate(model, x, y, device=local.device)
-    return reply(message, {"num-examples": len(y), "eval-acc": acc, "eval-loss": loss})
+# The fusion, omega_k's keeping in the node's state and DP are the library's steps
+# (fedgo_flwr/strategies/fedbpg.py), given S_k, the node's state and the personal test split.
+def personal_evaluate(message: Message, local: Local) -> Message:
+    """The personal model's accuracy and loss on the personal test split (S_k without one)."""
+    test = (local.test_x, local.test_y) if len(local.test_y) else None
+    return personalised_evaluate_on(
+        message, local.classifier(message), (local.x, local.y), local.state, test_data=test,
+        device=local.device, seed=client_seed(int(config_of(message)["seed"]),
+                                              local.partition_id))
 
 
 FEDBPG = StrategySpec(
-    "fedbpg", FedBPGApp, {**CLIENT, "train": personalised_update, "evaluate": personalised_evaluate},
+    "fedbpg", FedBPGApp, {**CLIENT, "train": library_step(personalised_update_on, state=True),
+                          "evaluate": personal_evaluate},
     keys=FedBPGKeys,
     marks=(("fedbpg-ensemble-distillation", True, "w/o ED"),
            ("fedbpg-adaptive-fusion", True, "w/o AF"),

@@ -183,8 +183,13 @@ class FedBPG(LabelCountFedAvg):
         """FedAvg's sampling; the messages as evaluate.fedbpg, with the fusion's and DP's
         settings and (where the evaluate config lacks them) the train config's."""
         return retyped(super().configure_evaluate(server_round, arrays, config, grid),
-                       EVALUATE_FEDBPG, {}, {**self.fusion, **self.personalisation},
-                       self.configrecord_key, {"seed": self.seed, **self.training})
+                       EVALUATE_FEDBPG, {}, self.personal_settings(), self.configrecord_key,
+                       {"seed": self.seed, **self.training})
+
+    def personal_settings(self) -> dict:
+        """What a client's personalised evaluation reads besides the training settings: the
+        fusion's (AF) and DP's."""
+        return {**self.fusion, **self.personalisation}
 
     # --- the round
     def server_update(self, server_round, averaged, models, report):
@@ -290,7 +295,8 @@ def personal_start(message: Message, model: nn.Module, x: torch.Tensor, y: torch
 
 
 def personalised_update(message: Message, model: nn.Module, data, state: RecordDict, *,
-                        device: str | torch.device = "cpu") -> Message:
+                        device: str | torch.device = "cpu", seed: int | None = None
+                        ) -> Message:
     """A FedBPG client's round: fuse (AF) the received omega-bar with omega_k from `state` (the
     node's context.state), train as FedAvg's clients do on `data` (labelled: (images,
     labels), a Dataset or a DataLoader; settings as label_counts.TRAINING reads them), keep
@@ -302,7 +308,7 @@ def personalised_update(message: Message, model: nn.Module, data, state: RecordD
     if LOCAL_MODEL not in state.array_records and int(conf.get("server-round", 1)) > 1:
         log(INFO, "node %d has no local model of an earlier round (its first round, or a new or "
             "restarted node): it starts from the global model", message.metadata.dst_node_id)
-    seed = message_seed(message)
+    seed = message_seed(message) if seed is None else seed
     model, alphas = personal_start(message, model, x, y, state, seed=seed, device=device)
     result = train_as_configured(model, x, y, conf, seed=seed, device=device)
     keep_personal(state, model, alphas)
@@ -312,14 +318,15 @@ def personalised_update(message: Message, model: nn.Module, data, state: RecordD
 
 
 def personalised_evaluate(message: Message, model: nn.Module, data, state: RecordDict, *,
-                          test_data=None, device: str | torch.device = "cpu") -> Message:
+                          test_data=None, device: str | torch.device = "cpu",
+                          seed: int | None = None) -> Message:
     """The personal model's accuracy and loss on `test_data` (labelled; `data`, the training
     data, when None): omega-bar fused with omega_k from `state` (AF), then with DP its last
     linear layer fine-tuned on `data` for "dp-epochs". The reply holds MetricRecord "metrics"
     (num-examples, eval-acc, eval-loss)."""
     conf, device = message.content.config_records["config"], torch.device(device)
     x, y = labelled(data)
-    seed = message_seed(message)
+    seed = message_seed(message) if seed is None else seed
     personal, _ = personal_start(message, model, x, y, state, seed=seed, device=device)
     if conf.get("deep-personalisation", True):
         dp = ConfigRecord({**conf, "local-epochs": int(conf.get("dp-epochs", 1))})
