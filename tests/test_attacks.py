@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 import torch
 
-import fedgo_app.strategies.clients as base
 from client_app.app import app as client_app
 from fedgo_app.attacks import INFLATED_EXAMPLES, byzantine_partitions
 from fedgo_flwr.gan import log_odds
@@ -100,13 +99,14 @@ def test_model_attacks_send_what_they_say_and_honest_clients_are_untouched(
 
 def test_label_flip_trains_the_liar_on_flipped_labels(tiny_config, monkeypatch):
     seen = {}
-    real = base.train_classifier
+    import fedgo_flwr.strategies.label_counts as loop  # the library's ClientUpdate, the app's
+    real = loop.train_classifier
 
     def spy(model, x, y, **kw):
         seen[len(seen)] = (x.clone(), y.clone())
         return real(model, x, y, **kw)
 
-    monkeypatch.setattr(base, "train_classifier", spy)
+    monkeypatch.setattr(loop, "train_classifier", spy)
     cfg = tiny_config.replace(strategy="fedavg", attack="label-flip", byzantine_partitions="1")
     _run(cfg)
     from fedgo_app import data

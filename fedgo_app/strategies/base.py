@@ -31,7 +31,7 @@ from fedgo_app.server.membership import Membership, RoundGrid
 from fedgo_app.server.record import RunRecord
 from fedgo_app.server.replies import collect, reply_problem
 from fedgo_app.server.setup import ServerSetup
-from fedgo_app.strategies.clients import CLIENT, local_update
+from fedgo_app.strategies.clients import CLIENT
 from fedgo_app.strategies.registry import StrategySpec
 from fedgo_flwr.keys import ConfigError
 from fedgo_flwr.replies import payload_bytes
@@ -43,7 +43,7 @@ from fedgo_flwr.strategies.label_counts import label_counts_problem
 
 
 __all__ = ["CLIENT", "FEDAVG", "PartitionModel", "FedAvgStrategy", "RoundGrid", "ServerSetup",
-           "local_update", "weighted_average"]
+           "weighted_average"]
 
 
 class FedAvgStrategy(ServerUpdateFedAvg):

@@ -6,8 +6,7 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message
-from torch import nn
+from flwr.app import ConfigRecord, Message
 
 from fedgo_app.client_context import Local, config_of, reply
 from fedgo_flwr.guard import EVALUATE_CANDIDATES
@@ -15,8 +14,8 @@ from fedgo_flwr.guard import evaluate_candidates as evaluate_library_candidates
 from fedgo_flwr.models import create_classifier
 from fedgo_flwr.sampling import PARTITION_ID, QUERY_PARTITION, partition_reply
 from fedgo_flwr.seeds import client_seed
-from fedgo_flwr.strategies.client_methods import local_update as method_update
-from fedgo_flwr.train import evaluate, train_classifier
+from fedgo_flwr.strategies.client_methods import local_update
+from fedgo_flwr.train import evaluate
 
 
 def info(message: Message, local: Local) -> Message:
@@ -31,29 +30,6 @@ def info(message: Message, local: Local) -> Message:
     answer.content.config_records["classes"] = ConfigRecord({"names": list(local.classes)})
     answer.content.config_records["model"] = ConfigRecord({"name": local.model})
     return answer
-
-
-def local_update(message: Message, local: Local, model: nn.Module,
-                 extra_loss: Callable[[nn.Module], torch.Tensor] | None = None) -> Message:
-    """ClientUpdate: `model` trained on S_k as the train config says, with a strategy's
-    `extra_loss(model)` added to each minibatch's loss; replies theta_k and n_k."""
-    conf = config_of(message)
-    result = train_classifier(model, local.x, local.y, epochs=int(conf["local-epochs"]),
-                              batch_size=int(conf["batch-size"]), lr=float(conf["lr"]),
-                              flip=bool(conf["flip"]), crop=int(conf["random-crop"]),
-                              optimizer=str(conf["optimizer"]),
-                              momentum=float(conf["momentum"]),
-                              seed=client_seed(int(conf["seed"]), local.partition_id),
-                              device=local.device, extra_loss=extra_loss)
-    return reply(message, {"num-examples": len(local.y), **result},
-                 arrays=ArrayRecord(model.cpu().state_dict()))
-
-
-def train(message: Message, local: Local) -> Message:
-    """ClientUpdate: the library's client step (fedgo_flwr.strategies.client_methods), with
-    FedProx's term where the train config has "proximal-mu" and the terms of the clients'
-    method it names (SCAFFOLD's, FedUV's, FedGKD's), under any server."""
-    return method_step(message, local)
 
 
 def evaluate_local(message: Message, local: Local) -> Message:
@@ -87,7 +63,10 @@ def library_step(client_step: Callable[..., Message], state: bool = False
     return handler
 
 
-method_step = library_step(method_update, state=True)
+# ClientUpdate: the library's one client step (fedgo_flwr.strategies.client_methods), with
+# FedProx's term where the train config has "proximal-mu" and the terms of the clients'
+# method it names (SCAFFOLD's, FedUV's, FedGKD's), under any server.
+train = library_step(local_update, state=True)
 
 
 def partition(message: Message, local: Local) -> Message:
