@@ -177,3 +177,16 @@ def test_dafkds_clients_take_fedproxs_term_and_the_others_refuse_it():
     assert moved(**{"proximal-mu": 50.0}) < 0.5 * moved()
     with pytest.raises(ValueError, match="no client_method or proximal_mu"):
         FedGen(model_fn=lambda: MLP(shape), num_classes=CLASSES, proximal_mu=0.01)
+
+
+def test_a_combined_row_is_named_server_plus_clients(tiny_config):
+    """Results tables name a run "<server>+<clients>": FedGO on FedProx's clients by
+    fedprox-base or by client-method is one row, FedGO on SCAFFOLD's another."""
+    from fedgo_app.strategies import STRATEGIES
+    def name(**keys):
+        return STRATEGIES.label(tiny_config.replace(**keys).to_run_config())
+    assert name(strategy="fedprox", fedprox_base="fedgo") == name(
+        strategy="fedgo", client_method="fedprox") == "fedgo+fedprox"
+    assert name(strategy="fedgo", client_method="scaffold") == "fedgo+scaffold"
+    assert name(strategy="fedgo", weighting="uniform", client_method="feduv") == \
+        "fedgo+feduv[uniform]"

@@ -59,7 +59,7 @@ class StrategySpec:
 # Dirichlet (whose rows' alpha is then unused), mixed architectures, the aggregation and the
 # Byzantine clients (data/split.py, architectures.py, aggregation.py, attacks.py).
 EVERY_MARK = (("partitioner", "dirichlet", "{}"), ("client-models", "", "{}"),
-              ("client-method", "", "{} clients"), ("aggregator", "mean", "{}"),
+              ("aggregator", "mean", "{}"),
               ("sample-size-cap", 0.0, "cap {:g}"),
               ("attack", "none", "{}"), ("byzantine-clients", 0, "{} liars"),
               ("byzantine-partitions", "", "liars {}"))
@@ -145,11 +145,13 @@ class Registry(dict):
         return {name, *spec.reads, *(self.reads(base.name, strategy_keys) if base else ())}
 
     def label(self, config: Mapping[str, Any]) -> str:
-        """A results table's name for a run of this config: the strategy ("<base>+<strategy>"
-        when it runs under another than its default base, as FedGO's server with FedProx's
-        clients), marked with what departs from the defaults."""
+        """A results table's name for a run of this config: the strategy ("<server>+<clients>"
+        when it runs another's clients, as FedGO's server with FedProx's: fedprox-base or
+        client-method, the same run), marked with what departs from the defaults."""
         spec = self[config["strategy"]]
         base = self.base(spec.name, config)
+        if config.get("client-method"):
+            return spec.label(config, name=f"{spec.name}+{config['client-method']}")
         if base is None:
             return spec.label(config)
         own = base.name == self.default_base(spec.name)
