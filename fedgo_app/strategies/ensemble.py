@@ -17,7 +17,7 @@ data) overrides the library's `distill_batches` and `distill_student` behind
 from __future__ import annotations
 
 import hashlib
-from logging import INFO, WARNING
+from logging import INFO
 
 import torch
 from flwr.common.logger import log
@@ -208,11 +208,9 @@ class EnsembleApp(FedAvgStrategy, LibraryEnsemble):
         architecture's teachers pseudo-labels the distillation set once, and each
         architecture's average is distilled on it."""
         report = self.library_report(server_round, None, models)
-        teachers, u = self.teachers(report.clients), self.distillation_set(server_round)
-        if not teachers or not len(u) or self.distill_epochs == 0:
-            log(WARNING, "round %d: no teacher or nothing to distil on; the server keeps the "
-                "averages", server_round)
+        if (drawn := self.round_set(server_round, report.clients)) is None:
             return averaged
+        teachers, u = drawn
         batches = self.distill_batches(server_round, u)
         targets, batches, report.metrics = self.pseudo_labels(server_round, teachers, u, None,
                                                               batches, report)

@@ -181,12 +181,9 @@ class EnsembleDistillation(ServerUpdateFedAvg):
         if self.next_past is not None:  # the last round's model joins the past teachers
             self.past.add(self.next_past)
             self.next_past = None
-        teachers = self.teachers(models)
-        u = self.distillation_set(server_round)
-        if not teachers or u is None or not len(u) or self.distill_epochs == 0:
-            log(WARNING, "round %d: no teacher or nothing to distil on; the average is kept",
-                server_round)
+        if (drawn := self.round_set(server_round, models)) is None:
             return averaged, {}
+        teachers, u = drawn
         student = self.load(averaged.to_torch_state_dict())
         batches = self.distill_batches(server_round, u)
         met = sum(len(b) for b in batches)  # distill-kept: the share of them distilled on
@@ -210,6 +207,18 @@ class EnsembleDistillation(ServerUpdateFedAvg):
             "distill-steps": info["distill_steps"], "distill-teachers": len(teachers),
             "distill-seconds": info["seconds"], "distill-kept": sum(map(len, batches)) / met,
             **metrics}
+
+    def round_set(self, server_round: int, models: list[ClientModel]
+                  ) -> tuple[list[ClientModel], torch.Tensor] | None:
+        """The round's teachers and distillation set, or None (logged) where there is no
+        teacher or nothing to distil on: the average is then kept."""
+        teachers = self.teachers(models)
+        u = self.distillation_set(server_round)
+        if not teachers or u is None or not len(u) or self.distill_epochs == 0:
+            log(WARNING, "round %d: no teacher or nothing to distil on; the average is kept",
+                server_round)
+            return None
+        return teachers, u
 
     def pseudo_labels(self, server_round: int, teachers: list[ClientModel], u: torch.Tensor,
                       student: nn.Module, batches: list[torch.Tensor], report: RoundReport):
