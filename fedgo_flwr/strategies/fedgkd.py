@@ -30,8 +30,8 @@ import torch.nn.functional as F
 from flwr.app import ArrayRecord, Message, RecordDict
 from torch import nn
 
-from fedgo_flwr.strategies.messages import CLIENT_TRAINING
 from fedgo_flwr.strategies.client_methods import ClientMethod, LocalTerms
+from fedgo_flwr.strategies.messages import CLIENT_TRAINING
 from fedgo_flwr.strategies.feddf import FedDF
 
 TRAIN_FEDGKD = "train.fedgkd"
@@ -112,12 +112,8 @@ class FedGKD(FedDF):
 
     Parameters
     ----------
-    buffer_size : int (default: 5)
-        M, the global models kept.
-    kd_temperature : float (default: 3.0)
-        tau.
-    kd_weight : float (default: 0.001)
-        gamma; the term is weighted gamma / 2.
+    buffer_size, kd_temperature, kd_weight : (default: 5, 3.0, 0.001)
+        M, tau and gamma, as in `HistoricalTeacher`.
     unlabeled_data, model_fn, distill_*, ... and every other keyword
         As in `FedDF` (fedgo_flwr.strategies.feddf); `distill_epochs=0` is FedGKD without "+".
 
