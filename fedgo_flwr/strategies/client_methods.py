@@ -134,23 +134,32 @@ def with_proximal(terms: LocalTerms, model: nn.Module, mu: float, device: torch.
     return terms
 
 
+def terms_of(message: Message, model: nn.Module, state: RecordDict | None,
+             device: torch.device) -> LocalTerms:
+    """The local loop's terms a train message asks for: those of the method its config names
+    ("client-method"; none: plain training), with FedProx's where it has "proximal-mu"."""
+    conf = message.content.config_records["config"]
+    method = method_of(message) if METHOD_KEY in conf else ClientMethod
+    terms = method.terms(message, model, state if state is not None else RecordDict(), device)
+    if "proximal-mu" in conf:
+        terms = with_proximal(terms, model, float(conf["proximal-mu"]), device)
+    return terms
+
+
 def local_update(message: Message, model: nn.Module, data, state: RecordDict | None = None, *,
                  device: str | torch.device = "cpu", seed: int | None = None) -> Message:
     """A client's round (ClientUpdate) under the method its train config names
     ("client-method"; none: plain local training), with FedProx's term where the config has
     "proximal-mu": `model` (the user's, given the received weights) trained on `data`
     (labelled: (images, labels), a Dataset or a DataLoader) with the method's terms, its state
-    in `state` (the node's context.state; SCAFFOLD's c_i). Settings from the train config as label_counts.TRAINING
-    reads them. The reply holds ArrayRecord "arrays" (and the method's own, e.g. SCAFFOLD's
+    in `state` (the node's context.state; SCAFFOLD's c_i). Settings from the train config as
+    label_counts.TRAINING reads them. The reply holds ArrayRecord "arrays" (and the method's own, e.g. SCAFFOLD's
     "control-delta") and MetricRecord "metrics" (num-examples, the loss under
     "train-loss-key", train-seconds, and the method's own)."""
     conf, device = message.content.config_records["config"], torch.device(device)
     x, y = labelled(data)
     model.load_state_dict(message.content.array_records["arrays"].to_torch_state_dict())
-    method = method_of(message) if METHOD_KEY in conf else ClientMethod
-    terms = method.terms(message, model, state if state is not None else RecordDict(), device)
-    if "proximal-mu" in conf:
-        terms = with_proximal(terms, model, float(conf["proximal-mu"]), device)
+    terms = terms_of(message, model, state, device)
     result = train_as_configured(terms.module or model, x, y, conf, device=device,
                                  extra_loss=terms.extra_loss, batch_term=terms.batch_term,
                                  after_step=terms.after_step,

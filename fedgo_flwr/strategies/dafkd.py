@@ -26,8 +26,8 @@ from fedgo_flwr.inputs import labelled
 from fedgo_flwr.models import Generator
 from fedgo_flwr.seeds import round_seed
 from fedgo_flwr.strategies.base import ClientModel
-from fedgo_flwr.strategies.messages import CLIENT_TRAINING, METHOD_KEY, message_seed, model_reply
-from fedgo_flwr.strategies.client_methods import LocalTerms, method_of, with_proximal
+from fedgo_flwr.strategies.messages import CLIENT_TRAINING, message_seed, model_reply
+from fedgo_flwr.strategies.client_methods import LocalTerms, terms_of
 from fedgo_flwr.strategies.ensemble import EnsembleDistillation
 from fedgo_flwr.strategies.feduv import Encoded
 from fedgo_flwr.teachers import server_autocast
@@ -265,11 +265,7 @@ def domain_aware_update(message: Message, model: nn.Module, data,
     trains_g = bool(conf["train-generator"])
     if seed is None:
         seed = message_seed(message)
-    terms = (method_of(message).terms(message, model, state if state is not None
-                                      else RecordDict(), torch.device(device))
-             if METHOD_KEY in conf else LocalTerms())
-    if "proximal-mu" in conf:  # FedProx's clients under DaFKD's server
-        terms = with_proximal(terms, model, float(conf["proximal-mu"]), torch.device(device))
+    terms = terms_of(message, model, state, torch.device(device))  # a method.s, FedProx.s
     result = train_domain_aware(
         model, head, generator, x, y, epochs=int(conf.get("local-epochs", 1)),
         batch_size=int(conf.get("batch-size", 64)), lr=float(conf.get("lr", 1e-3)),
