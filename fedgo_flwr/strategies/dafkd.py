@@ -265,7 +265,7 @@ def domain_aware_update(message: Message, model: nn.Module, data,
     trains_g = bool(conf["train-generator"])
     if seed is None:
         seed = message_seed(message)
-    terms = terms_of(message, model, state, torch.device(device))  # a method.s, FedProx.s
+    terms = terms_of(message, model, state, torch.device(device))  # a method's, FedProx's
     result = train_domain_aware(
         model, head, generator, x, y, epochs=int(conf.get("local-epochs", 1)),
         batch_size=int(conf.get("batch-size", 64)), lr=float(conf.get("lr", 1e-3)),
