@@ -35,6 +35,17 @@ from flwr.app import ArrayRecord, Message
 
 from fedgo_app.client_context import Local, config_of
 from fedgo_flwr.seeds import client_seed
+from fedgo_flwr.strategies.dafkd import TRAIN_DAFKD
+from fedgo_flwr.strategies.fedbpg import TRAIN_FEDBPG
+from fedgo_flwr.strategies.fedgen import TRAIN_FEDGEN
+from fedgo_flwr.strategies.fedgkd import TRAIN_FEDGKD
+from fedgo_flwr.strategies.fedtgp import TRAIN_FEDTGP
+from fedgo_flwr.strategies.feduv import TRAIN_FEDUV
+from fedgo_flwr.strategies.scaffold import TRAIN_SCAFFOLD
+
+# Every message type that trains the classifier: what a Byzantine client lies in.
+MODEL_TRAINING = frozenset({"train", TRAIN_SCAFFOLD, TRAIN_FEDUV, TRAIN_FEDGKD, TRAIN_DAFKD,
+                            TRAIN_FEDGEN, TRAIN_FEDTGP, TRAIN_FEDBPG})
 
 COLLUDING = ("alie", "ipm")  # crafted from the round's honest updates: `colluded`
 ATTACKS = ("none", "discriminator-max", "sign-flip", "scale", "gaussian", "label-flip",
@@ -111,7 +122,7 @@ def attacked(cfg, message_type: str, handler: Handler) -> Handler:
 
 def lie(attack: str, s: float, message_type: str, message: Message, local: Local,
         handler: Handler) -> Message:
-    if attack == "label-flip" and message_type == "train":
+    if attack == "label-flip" and message_type in MODEL_TRAINING:
         return handler(message, replace(local, y=local.num_classes - 1 - local.y))
     answer = handler(message, local)
     if answer.has_error():
@@ -123,7 +134,7 @@ def lie(attack: str, s: float, message_type: str, message: Message, local: Local
     elif attack == "discriminator-max" and "discriminator" in answer.content.array_records:
         state = answer.content.array_records["discriminator"].to_torch_state_dict()
         answer.content.array_records["discriminator"] = ArrayRecord(saturated(state))
-    elif attack in ("sign-flip", "scale", "gaussian") and message_type == "train":
+    elif attack in ("sign-flip", "scale", "gaussian") and message_type in MODEL_TRAINING:
         sent = message.content.array_records["arrays"].to_torch_state_dict()
         trained = answer.content.array_records["arrays"].to_torch_state_dict()
         noise = torch.Generator().manual_seed(

@@ -86,6 +86,11 @@ class RunKeys:
                            "~/fedgo-flwr-results")
     run_name: str = key("", "the run's folder under results-dir; \"\" = "
                         "<strategy>-<dataset>-a<alpha>-s<seed>-<time>")
+    tensorboard_dir: str = key("", "TensorBoard event files of the run in <this>/<run name> "
+                               "(the tensorboard extra); \"\" = off")
+    mlflow_uri: str = key("", "MLflow tracking URI of the run (http://..., sqlite:///mlflow.db; "
+                          "the mlflow extra); \"\" = off")
+    mlflow_experiment: str = key("fedgo-flwr", "its MLflow experiment (a bench plan's: the plan)")
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,9 @@ from fedgo_flwr.models import Critic, Generator
 from fedgo_flwr.seeds import client_seed, round_seed
 from fedgo_app.server.clients import config_record
 from fedgo_flwr.sampling import sample_clients
-from fedgo_flwr.replies import payload_bytes
-from fedgo_app.server.averaging import PartitionModel, weighted_average
+from fedgo_flwr.aggregation import mean
+from fedgo_flwr.replies import examples_problem, payload_bytes, state_problem
+from fedgo_flwr.strategies.rounds import FAILED
 
 TRAIN_FEDGAN = "train.fedgan"
 GENERATOR, CRITIC = "generator", "critic"
@@ -58,21 +59,47 @@ def fedgan_generator(strategy, grid) -> Generator:
             [Message(content, dst_node_id=n, message_type=TRAIN_FEDGAN) for n in expected],
             expected, f"pre-FL: FedGAN round {t}", None)
         record.sent("pre_fl", "up", payload_bytes(replies))
-        models, tally = strategy.collect(replies, GENERATOR, generator.state_dict(), expected,
-                                         {CRITIC: critic.state_dict()})
-        record.client_seconds("fedgan", sum(float(m.metrics.get("train-seconds", 0.0))
-                                            for m in models))
+        templates = {GENERATOR: generator.state_dict(), CRITIC: critic.state_dict()}
+        usable, tally = checked(strategy, replies, expected, templates)
+        record.client_seconds("fedgan", sum(float(m.get("train-seconds", 0.0))
+                                            for _, _, m in usable))
         stage["rounds"].append({"clients": pids, **tally})
-        if not models:
+        if not usable:
             log(WARNING, "pre-FL: FedGAN round %d: no usable reply; G is unchanged", t)
             continue
-        generator.load_state_dict(weighted_average(models, generator.state_dict()))
-        critics = [PartitionModel(m.partition_id, m.num_examples, m.extras[CRITIC], {})
-                   for m in models]
-        critic.load_state_dict(weighted_average(critics, critic.state_dict()))
+        n = [strategy.membership.sample_size(p, int(m["num-examples"])) for p, _, m in usable]
+        for name, net in ((GENERATOR, generator), (CRITIC, critic)):
+            net.load_state_dict(mean([a[name].to_torch_state_dict() for _, a, _ in usable], n,
+                                     templates[name]))
     record.time("generator_training", time.perf_counter() - start)
     record.data["pre_fl"]["generator"] = {"source": "fedgan", **stage}
     return generator.cpu().eval()
+
+
+def checked(strategy, replies: list[Message], expected: dict[int, int], templates: dict
+            ) -> tuple[list[tuple[int, object, dict]], dict]:
+    """The usable FedGAN replies, (partition, arrays, metrics) in partition order, and the
+    tally of the partitions asked (missing, failed, rejected with the reason, usable): each
+    must carry G and the critic shaped as sent and a positive num-examples."""
+    usable, tally = {}, {"asked": len(expected), "missing": [], "failed": {}, "rejected": {}}
+    for reply in replies:
+        pid = expected.get(strategy.mailbox.node_of(reply))
+        if pid is None or pid in usable or str(pid) in tally["failed"] | tally["rejected"]:
+            continue
+        why = (FAILED + str(reply.error.reason) if reply.has_error() else next(
+            (f"{k}: {w}" for k, t in templates.items()
+             if (w := state_problem(reply.content.array_records.get(k), t))), None)
+            or examples_problem(reply.content.metric_records.get("metrics"), "num-examples"))
+        if why:
+            log(WARNING, "pre-FL: FedGAN reply of partition %d left out: %s", pid, why)
+            tally["failed" if reply.has_error() else "rejected"][str(pid)] = why
+        else:
+            usable[pid] = (pid, reply.content.array_records,
+                           dict(reply.content.metric_records["metrics"]))
+    tally["missing"] = sorted(set(expected.values()) - set(usable) - {
+        int(p) for p in tally["failed"] | tally["rejected"]})
+    tally["usable"] = len(usable)
+    return [usable[p] for p in sorted(usable)], tally
 
 
 def fedgan_steps(num_examples: int, epochs: int, batch_size: int, critic_steps: int) -> int:

@@ -118,12 +118,15 @@ def train_on_u(cfg, setup, record) -> Generator:
         log(INFO, "pre-FL: reusing the generator trained for %d steps (%s)",
             cfg.generator_steps, root)
         record.data["pre_fl"]["generator"] = {**info, "reused": True}
+        if "curve" in info:  # (the caches written since it was recorded)
+            generator.curve = info["curve"]
         return generator.cpu().eval()
     info = fit_wgan_gp(cfg, generator, u, dev, lambda line: log(INFO, "pre-FL: %s", line))
     record.time("generator_training", info.pop("seconds"))
     if cache:
         save_generator(root, description, generator, info)
     record.data["pre_fl"]["generator"] = {**info, "reused": False}
+    generator.curve = info["curve"]  # for the pre-FL stage's report (and its observers)
     return generator.cpu().eval()
 
 

@@ -27,6 +27,9 @@ def _gradient_penalty(critic: Critic, real: torch.Tensor, fake: torch.Tensor,
     return ((grad.flatten(1).norm(dim=1) - 1) ** 2).mean()
 
 
+CURVE_POINTS = 50  # the generator's loss curve: about this many of its steps
+
+
 def train_wgan_gp(generator: Generator, critic: Critic, u: torch.Tensor, *, steps: int,
                   critic_steps: int = 5, gp_weight: float = 10.0, lr: float = 2e-4,
                   batch_size: int = 64, flip: bool = False, seed: int = 0,
@@ -42,6 +45,8 @@ def train_wgan_gp(generator: Generator, critic: Critic, u: torch.Tensor, *, step
     opt_c = torch.optim.Adam(critic.parameters(), lr=lr, betas=(0.0, 0.9))
     batches = iter(())
     w_dist = g_loss = float("nan")
+    every, curve = max(1, steps // CURVE_POINTS), {"step": [], "wasserstein-estimate": [],
+                                                   "generator-loss": []}
     for step in range(1, steps + 1):
         for _ in range(critic_steps):
             idx = next(batches, None)
@@ -66,11 +71,14 @@ def train_wgan_gp(generator: Generator, critic: Critic, u: torch.Tensor, *, step
         loss_g.backward()
         opt_g.step()
         g_loss = loss_g.item()
+        if step % every == 0 or step == steps:
+            for name, value in zip(curve, (step, w_dist, g_loss)):
+                curve[name].append(value)
         if progress is not None:
             progress(step, w_dist, g_loss)
     generator.eval()
     return {"generator-steps": steps, "wasserstein-estimate": w_dist,
-            "generator-loss": g_loss, "seconds": time.perf_counter() - start}
+            "generator-loss": g_loss, "curve": curve, "seconds": time.perf_counter() - start}
 
 
 def wgan_generator(u: torch.Tensor, steps: int, *, latent_dim: int, width: int, seed: int,
@@ -88,6 +96,7 @@ def wgan_generator(u: torch.Tensor, steps: int, *, latent_dim: int, width: int, 
                          progress=lambda t, w_dist, _: bar.step(
                              t, f"Wasserstein estimate {w_dist:.3f}"))
     log(INFO, "pre-FL: generator trained in %.1fs", info["seconds"])
+    generator.curve = info["curve"]  # for the pre-FL stage's report
     return generator.cpu().eval()
 
 
@@ -187,15 +196,25 @@ def train_discriminator(discriminator: Discriminator, negatives: Negatives, x: t
             real = random_hflip(real, gen)
         with torch.no_grad():
             fake = negatives(len(idx), gen).to(device)
-        s_real = torch.sigmoid(discriminator.logit(real))
-        s_fake = torch.sigmoid(discriminator.logit(fake))
+        l_real, l_fake = discriminator.logit(real), discriminator.logit(fake)
+        with torch.no_grad():  # the pass's accuracy: real where the inner logit is > 0
+            right[0] += int((l_real > 0).sum() + (l_fake <= 0).sum())
+            right[1] += len(l_real) + len(l_fake)
+        s_real, s_fake = torch.sigmoid(l_real), torch.sigmoid(l_fake)
         return (F.binary_cross_entropy_with_logits(s_real, torch.ones_like(s_real))
                 + F.binary_cross_entropy_with_logits(s_fake, torch.zeros_like(s_fake)))
 
+    def epoch_done(epoch: int) -> None:
+        accuracy[0] = right[0] / max(1, right[1])
+        right[:] = [0, 0]
+        if after_epoch is not None:
+            after_epoch(epoch)
+
+    right, accuracy = [0, 0], [float("nan")]
     loss = minibatch_descent(opt, len(x), epochs=epochs, batch_size=batch_size, gen=gen,
-                             batch_loss=batch_loss, after_epoch=after_epoch)
+                             batch_loss=batch_loss, after_epoch=epoch_done)
     discriminator.eval()
-    return {"discriminator-loss": loss,
+    return {"discriminator-loss": loss, "discriminator-train-acc": accuracy[0],
             "discriminator-seconds": time.perf_counter() - start}
 
 

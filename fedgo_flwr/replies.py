@@ -9,6 +9,8 @@ import math
 import torch
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 
+FAILED = "failed: "  # how the reason of an error reply (the node or its ClientApp failed) starts
+
 
 def state_problem(arrays: ArrayRecord | None, template: dict[str, torch.Tensor]) -> str | None:
     """Why `arrays` cannot be loaded as a model shaped like `template`, or None."""

@@ -50,13 +50,15 @@ import yaml
 from fedgo_app.config import Config, ConfigError
 from fedgo_app.server import checkpoint
 from fedgo_lab.central import central_run_config, train_central
-from fedgo_lab.cli import add_out_flag, add_repo_flag, repo_of
+from fedgo_lab.cli import add_out_flag, add_repo_flag, add_tracking_flags, repo_of, tracking
 from fedgo_lab.report import (CENTRAL, FOCUS, by_alpha, label, load_records, plot_rounds,
                               seed_differences, summary_table)
 
 PLAN_KEYS = ("name", "preset", "config", "federation", "alphas", "seeds", "cells", "central")
 # Where a record may differ from the cell that made it and still stand for it.
-PLACEMENT_KEYS = ("results-dir", "run-name", "resume-from")
+# where a run's outputs go, not what it computes (a watched run is the same run)
+PLACEMENT_KEYS = ("results-dir", "run-name", "resume-from", "tensorboard-dir", "mlflow-uri",
+                  "mlflow-experiment")
 PROGRESS = re.compile(r"(round \d+ \||pre-FL: (generator step \d+0/|sending|odds)|ERROR|rejected)")
 PLOT_METRICS = ("server_test_acc", "ensemble_test_acc")
 START_SECONDS = 60  # a `flwr run` beyond its record's wall time: SuperLink, Ray, the FAB
@@ -309,13 +311,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-minutes", type=float, default=None, metavar="M",
                         help="start no run after this many minutes, nor one expected to end "
                         "after them (the plan resumes later)")
+    add_tracking_flags(parser)
     add_repo_flag(parser)
     args = parser.parse_args(argv)
     repo = repo_of(parser, args)
     try:
         plan = load_plan(args.plan)
         out = (args.out or repo / "results" / "bench" / plan.get("name", args.plan.stem)).resolve()
-        cells = cells_of(plan, out, repo)
+        watch = tracking(args, plan.get("name", args.plan.stem))
+        cells = [replace(c, run_config={**c.run_config, **watch}) if c.central is None else c
+                 for c in cells_of(plan, out, repo)]
         todo = [going_on(c, out) for c in cells if not finished(c, out)]
     except (PlanError, OSError, yaml.YAMLError, tomllib.TOMLDecodeError) as err:
         print(f"[bench] bad plan: {err}", file=sys.stderr)

@@ -50,6 +50,26 @@ def config_from(parser: argparse.ArgumentParser, items: list[str], *,
         parser.error(f"--config: {err}")
 
 
+def add_tracking_flags(parser: argparse.ArgumentParser) -> None:
+    """`--tensorboard-dir DIR`, `--mlflow-uri URI`: watch every run of the plan live, the
+    plan's runs as one experiment (fedgo_flwr.observers)."""
+    parser.add_argument("--tensorboard-dir", metavar="DIR", default="",
+                        help="each run's TensorBoard event files in DIR/<run name>")
+    parser.add_argument("--mlflow-uri", metavar="URI", default="",
+                        help="each run an MLflow run of the experiment named as the plan "
+                             "(e.g. sqlite:///mlflow.db, or a server's http://...)")
+
+
+def tracking(args: argparse.Namespace, plan_name: str) -> dict[str, Any]:
+    """The run-config keys the tracking flags set."""
+    keys: dict[str, Any] = {}
+    if args.tensorboard_dir:
+        keys["tensorboard-dir"] = str(Path(args.tensorboard_dir).expanduser().resolve())
+    if args.mlflow_uri:
+        keys.update({"mlflow-uri": args.mlflow_uri, "mlflow-experiment": plan_name})
+    return keys
+
+
 def add_out_flag(parser: argparse.ArgumentParser, what: str, default: str) -> None:
     """`--out DIR`: where the command writes `what`; by default `default` (a path relative to
     the repository), which the command joins to `repo_of`'s folder."""

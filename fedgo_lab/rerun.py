@@ -38,7 +38,8 @@ import yaml
 from fedgo_app.config import Config, ConfigError
 from fedgo_flwr.train import device_name, resolve_device
 from fedgo_lab.bench import Cell, PlanError, cells_of, finished, going_on, load_plan
-from fedgo_lab.cli import add_config_flag, add_out_flag, add_repo_flag, config_values, repo_of
+from fedgo_lab.cli import (add_config_flag, add_out_flag, add_repo_flag, add_tracking_flags,
+                           config_values, repo_of, tracking)
 from fedgo_lab.report import last_mean
 
 
@@ -112,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-minutes", type=float, default=None, metavar="M",
                         help="start no run after this many minutes (the call resumes later)")
     add_config_flag(parser, "over every cell's")
+    add_tracking_flags(parser)
     add_repo_flag(parser)
     args = parser.parse_args(argv)
     repo = repo_of(parser, args)
@@ -123,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         plan = load_plan(args.plan)
         out = (args.out or repo / "results" / "rerun" / plan.get("name", args.plan.stem)).resolve()
         cells = {c.run_name: c for c in cells_of(plan, out, repo)}
+        overrides.update(tracking(args, plan.get("name", args.plan.stem)))
     except (PlanError, OSError, yaml.YAMLError) as err:
         parser.error(f"bad plan: {err}")
     names = args.cells or [n for n, c in cells.items() if c.central is None]

@@ -37,7 +37,7 @@ from fedgo_app.generator_cache import generator_description, load_generator, sav
 from fedgo_flwr.models import Critic, create_classifier
 from fedgo_flwr.seeds import client_seed, round_seed
 from fedgo_flwr.sampling import sample_clients
-from fedgo_app.strategies.base import PartitionModel, weighted_average
+from fedgo_flwr.aggregation import mean
 from fedgo_app.generators import new_generator
 from fedgo_app.strategies.fedgo import new_local_discriminator
 from fedgo_flwr.gan import server_sample
@@ -178,10 +178,9 @@ def sweep(cfg: Config, alphas, num_clients, generator_steps, discriminator_epoch
                                  data.num_classes)
             # As the run scores them: teacher_logits, bf16 on a GPU (server-amp).
             logits[e] = teacher_logits(nets, test_x, device=device, amp=cfg.server_amp)
-            models = [PartitionModel(p, int(n), net.state_dict(), {})
-                      for p, n, net in zip(pids, n_k, nets)]
+            states = [net.state_dict() for net in nets]
             avg = create_classifier(cfg.model, image_shape[0], data.num_classes, image_shape[1])
-            avg.load_state_dict(weighted_average(models, models[0].state))
+            avg.load_state_dict(mean(states, [int(n) for n in n_k], states[0]))
             fedavg[e] = evaluate(avg, test_x, test_y, device=device)[0]
             averaged[e] = teacher_logits([avg], test_x, device=device, amp=cfg.server_amp)[0]
             say(f"alpha {alpha:g}: {e} local epoch(s) trained, FedAvg {100 * fedavg[e]:.1f} % "

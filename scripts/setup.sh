@@ -11,7 +11,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 echo "[setup] installing fedgo-flwr and its dependencies (torch, flwr[simulation], ...)"
 # pip, not uv: this machine's local wheel store (torch 2.14.1) is only seen by pip.
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[app,dev,lab,byzantine]' 2>&1 \
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[app,dev,lab,byzantine,tensorboard,mlflow]' 2>&1 \
     | { grep -v "is ignored: it is neither a file nor a directory" || true; }
 
 if [ ! -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then

@@ -21,6 +21,7 @@ from fedgo_app.data import dataset, server_data, validation_data
 from fedgo_flwr.models import classifier_fits
 from fedgo_app.server import checkpoint
 from fedgo_app.server.record import RunRecord, format_table
+from fedgo_app.server.tracking import trackers
 from fedgo_app.strategies import STRATEGIES, RoundGrid, ServerSetup
 from fedgo_flwr.train import device_name, resolve_device
 
@@ -96,6 +97,7 @@ def run(grid: Grid, cfg: Config) -> Path:
         len(u), len(val_y), len(test_y), setup.device)
 
     strategy = STRATEGIES.server(setup, record)
+    strategy.observers += trackers(cfg, run_name)  # after the record's: they see its values
     run_dir = cfg.results_path / run_name
     strategy.discover(grid)  # node ids change between runs; partition ids do not
     if resumed:
@@ -124,7 +126,8 @@ def run(grid: Grid, cfg: Config) -> Path:
 
     result = strategy.start(grid=RoundGrid(strategy), initial_arrays=arrays,
                             num_rounds=cfg.num_server_rounds - strategy.offset,
-                            timeout=cfg.round_timeout, evaluate_fn=evaluate)
+                            timeout=cfg.round_timeout, train_config=strategy.train_config(),
+                            evaluate_fn=evaluate)
     final = result.arrays if result.arrays is not None else arrays
 
     path = record.finish(cfg.results_path)
@@ -137,7 +140,8 @@ def run(grid: Grid, cfg: Config) -> Path:
 
 
 # Where things are, which may differ on the machine that resumes.
-LOCATION_KEYS = ("resume-from", "data-dir", "results-dir")
+LOCATION_KEYS = ("resume-from", "data-dir", "results-dir", "tensorboard-dir", "mlflow-uri",
+                 "mlflow-experiment")
 
 
 def check_resumable(given: Config, saved: dict, path: Path) -> None:

@@ -7,7 +7,7 @@ import torch
 
 from fedgo_flwr.distill import distill, draw_batches
 from fedgo_flwr.models import create_classifier
-from fedgo_app.strategies.base import PartitionModel, weighted_average
+from fedgo_flwr.aggregation import mean
 from fedgo_flwr.teachers import teacher_logits
 
 CPU = torch.device("cpu")
@@ -26,8 +26,7 @@ def bn_model(seed: int, shift: float) -> torch.nn.Module:
 
 def test_batch_norm_buffers_are_averaged_by_n_k():
     a, b = bn_model(0, 0.0), bn_model(1, 2.0)
-    models = [PartitionModel(0, 100, a.state_dict(), {}), PartitionModel(1, 300, b.state_dict(), {})]
-    avg = weighted_average(models, a.state_dict())
+    avg = mean([a.state_dict(), b.state_dict()], [100, 300], a.state_dict())
     name = "convs.1.running_mean"
     assert not torch.allclose(a.state_dict()[name], b.state_dict()[name])
     torch.testing.assert_close(avg[name], 0.25 * a.state_dict()[name] +

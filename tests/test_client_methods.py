@@ -6,6 +6,7 @@ end in process, a resume mid-run, and what cannot be combined refused by name.""
 import json
 
 import pytest
+from fedgo_app.attacks import MODEL_TRAINING
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 
@@ -36,7 +37,7 @@ def app_run(cfg, grid=None):
 
 
 def trains(grid, server_round: int) -> list:
-    return [m for m in grid.sent if m.metadata.message_type == "train"
+    return [m for m in grid.sent if m.metadata.message_type in MODEL_TRAINING
             and m.content.config_records["config"]["server-round"] == server_round]
 
 

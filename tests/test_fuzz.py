@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from client_app.app import app as client_app
-from fedgo_app.server.replies import reply_problem
+from fedgo_flwr.strategies.base import ServerUpdateFedAvg
 from fedgo_flwr.guard import scores_problem
 from fedgo_lab.inprocess import InProcessGrid
 from server_app.app import run
@@ -61,6 +61,15 @@ def mutate(content: RecordDict, how: str, array_key: str) -> None:
                                    "list-n": [1, 2]}[how]
 
 
+class Tiny(torch.nn.Module):
+    """A model with a float matrix, a bias and an integer buffer."""
+
+    def __init__(self):
+        super().__init__()
+        self.w, self.b = torch.nn.Parameter(torch.randn(4, 3)), torch.nn.Parameter(torch.randn(3))
+        self.register_buffer("count", torch.tensor(5, dtype=torch.int64))
+
+
 def _honest_reply(template):
     from flwr.supercore.task_identity import TaskIdentity
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
@@ -73,12 +82,11 @@ def _honest_reply(template):
 @given(how=st.sampled_from(sorted(MUTATIONS)), seed=st.integers(0, 2 ** 16))
 def test_the_reply_check_refuses_every_hostile_reply_and_keeps_the_harmless(how, seed):
     torch.manual_seed(seed)
-    template = {"w": torch.randn(4, 3), "b": torch.randn(3),
-                "count": torch.tensor(5, dtype=torch.int64)}
-    reply = _honest_reply({k: v.clone() for k, v in template.items()})
-    assert reply_problem(reply, "arrays", template) is None
+    strategy = ServerUpdateFedAvg(model_fn=Tiny)
+    reply = _honest_reply({k: v.clone() for k, v in Tiny().state_dict().items()})
+    assert strategy.reply_problem(reply) is None
     mutate(reply.content, how, "arrays")
-    why = reply_problem(reply, "arrays", template)
+    why = strategy.reply_problem(reply)
     assert (why is not None) == MUTATIONS[how], (how, why)
 
 

@@ -106,5 +106,5 @@ def test_a_malformed_control_delta_is_left_out():
                                CONTROL_DELTA: ArrayRecord({"1.weight": torch.zeros(2, 2)}),
                                "metrics": MetricRecord({"num-examples": 3})}),
                    dst_node_id=1, message_type=TRAIN_SCAFFOLD)
-    why = strategy.reply_problem(good, (CONTROL_DELTA,))
+    why = strategy.reply_problem(good, strategy.extra_arrays(1))
     assert why and "array names differ" in why

@@ -74,8 +74,8 @@ def test_malformed_replies_are_rejected_with_a_logged_reason(tiny_config, caplog
     with caplog.at_level(logging.WARNING, logger="flwr"):
         record, _ = _run(cfg, tamper=tamper)
     text = caplog.text
-    assert "rejected reply from node 1000 (partition 0): 'arrays': fc2.weight holds NaN" in text
-    assert "rejected reply from node 1017 (partition 1): 'arrays': fc2.bias has shape" in text
+    assert "train reply of node 1000 (client 0) left out: fc2.weight holds NaN" in text
+    assert "train reply of node 1017 (client 1) left out: fc2.bias has shape" in text
     last = record["rounds"][-1]
     assert np.isfinite(last["server_test_acc"]) and np.isfinite(last["ensemble_test_acc"])
 

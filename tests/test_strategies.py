@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from fedgo_flwr.strategies.fedgen import TRAIN_FEDGEN
+from fedgo_flwr.strategies.rounds import ClientModel
 from flwr.app import ArrayRecord, Message, RecordDict
 
 import client_app.app as client_module
@@ -219,7 +221,7 @@ def test_fedgen_clients_learn_from_the_generated_features(tiny_config):
                          optimizer="adam", momentum=0.9, seed=1, fedgen_alpha=10.0,
                          label_prior=prior, noise_dim=32, hidden_dim=256, num_classes=10)
     from fedgo_app.strategies.fedgen import FEDGEN
-    generated_feature_update = FEDGEN.handlers["train"]  # the library's step, in the app
+    generated_feature_update = FEDGEN.handlers[TRAIN_FEDGEN]  # the library's step, in the app
     cfg = tiny_config.replace(strategy="fedgen", model="cnn")
     grid = InProcessGrid(client_module.app, cfg.to_run_config(), 4)
     local = Local.of(grid.nodes[1000], cfg)
@@ -230,7 +232,7 @@ def test_fedgen_clients_learn_from_the_generated_features(tiny_config):
         if with_generator:
             arrays["generator"] = ArrayRecord(generator.state_dict())
         out = generated_feature_update(Message(RecordDict(arrays), dst_node_id=1000,
-                                               message_type="train"), local)
+                                               message_type=TRAIN_FEDGEN), local)
         metrics = out.content.metric_records["metrics"]
         assert metrics["label-counts"] == torch.bincount(local.y, minlength=10).tolist()
         trained = create_classifier(cfg.model, 1, 10, 28)
@@ -253,7 +255,7 @@ def test_fedgen_sends_the_generator_from_round_two_and_rejects_bad_label_counts(
     grid = InProcessGrid(client_module.app, cfg.to_run_config(), 4, tamper=tamper)
     with caplog.at_level("WARNING"):
         record = json.loads(run(grid, cfg).read_text())
-    train = [m for m in grid.sent if m.metadata.message_type == "train"]
+    train = [m for m in grid.sent if m.metadata.message_type == TRAIN_FEDGEN]
     rounds = [r for r in record["rounds"] if r["round"] > 0]
     with_g = ["generator" in m.content.array_records for m in train]
     assert with_g == [False, False, True, True, True, True]  # 2 clients a round
@@ -261,7 +263,7 @@ def test_fedgen_sends_the_generator_from_round_two_and_rejects_bad_label_counts(
     assert all(r["generator_loss"] > 0 and 0 < r["diversity_loss"] <= 1 for r in rounds)
     assert all("ensemble_test_acc" not in r for r in rounds)  # no server distillation
     assert rounds[1]["clients"] == [0, 1]  # seed 0 samples partition 0 in round 2 ...
-    assert "(partition 0): label-counts [1, 1," in caplog.text  # ... and rejects it
+    assert "(client 0) left out: label-counts [1, 1," in caplog.text  # ... and rejects it
     assert "label-counts" in rounds[1]["replies"]["rejected"]["0"]
     assert rounds[1]["replies"]["usable"] == 1 and rounds[1]["replies"]["missing"] == []
 
@@ -270,7 +272,6 @@ def test_fedgen_sends_the_generator_from_round_two_and_rejects_bad_label_counts(
 def test_dafkd_averages_g_and_heads_by_n_k_and_weights_by_this_rounds_discriminators(
         tiny_config, monkeypatch):
     import dataclasses
-    from fedgo_app.strategies.base import PartitionModel
     from fedgo_app.strategies.dafkd import DaFKDApp
     from fedgo_flwr.strategies.dafkd import discriminator_head
     from fedgo_flwr.weighting import domain_aware_weights
@@ -285,7 +286,7 @@ def test_dafkd_averages_g_and_heads_by_n_k_and_weights_by_this_rounds_discrimina
                          tamper=lambda r: replies.append(r) or r)
     record = json.loads(run(grid, cfg).read_text())
     strategy = made[0]
-    train = [m for m in grid.sent if m.metadata.message_type == "train"]
+    train = [m for m in grid.sent if m.metadata.message_type == "train.dafkd"]
     assert all({"generator", "discriminator-head"} <= set(m.content.array_records) for m in train)
     assert [m.content.config_records["config"]["train-generator"] for m in train] == \
         [True, True, False, False]
@@ -303,11 +304,10 @@ def test_dafkd_averages_g_and_heads_by_n_k_and_weights_by_this_rounds_discrimina
 
     # Round 2: the weights use each client's own trunk and head of this round.
     pids = {1000 + 17 * i: i for i in range(4)}
-    models, nets, logits, d_logits = [], [], [], []
+    keys, nets, logits, d_logits = [], [], [], []
     for r in answers[2:]:
         arrays = r.content.array_records
-        pid = pids[r.metadata.src_node_id]
-        models.append(PartitionModel(pid, 1, arrays["arrays"].to_torch_state_dict(), {}))
+        keys.append(pids[r.metadata.src_node_id])
         net = create_classifier(cfg.model, 1, 10, 28)
         net.load_state_dict(arrays["arrays"].to_torch_state_dict())
         head = discriminator_head(net.latent_dim)
@@ -318,7 +318,10 @@ def test_dafkd_averages_g_and_heads_by_n_k_and_weights_by_this_rounds_discrimina
             d_logits.append(head(net.features(x)).squeeze(1))
             logits.append(net(x))
     # One pass of each trunk gives the class logits and D_k's.
-    test_logits, log_odds = strategy.test_scores([m.partition_id for m in models], nets,
+    teachers = [ClientModel(0, 1, RecordDict(), extras={
+        "discriminator-head": r.content.array_records["discriminator-head"]}, key=k)
+        for r, k in zip(answers[2:], keys)]
+    test_logits, log_odds = strategy.test_scores(teachers, nets,
                                                  torch.ones(len(nets)))
     # bf16 on a GPU (server-amp): a step of 2^-8 relative, against the fp32 reference here.
     tol = dict(atol=0.05, rtol=0.01) if strategy.setup.amp else dict(atol=1e-5)

@@ -5,6 +5,7 @@ the in-process grid, for two rounds."""
 import json
 
 import pytest
+from fedgo_app.attacks import MODEL_TRAINING
 import torch
 
 import client_app.app as client_module
@@ -18,7 +19,7 @@ OWN = {"scaffold": {}, "feddisco": {}, "feduv": {}, "fedgkd": {},
 
 
 def trains(grid, server_round: int) -> list:
-    return [m for m in grid.sent if m.metadata.message_type == "train"
+    return [m for m in grid.sent if m.metadata.message_type in MODEL_TRAINING
             and m.content.config_records["config"]["server-round"] == server_round]
 
 

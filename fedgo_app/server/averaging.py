@@ -4,32 +4,25 @@ colluding clients replace their models (fedgo_app.attacks)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from logging import WARNING
 
 import torch
+from flwr.app import ArrayRecord, RecordDict
 from flwr.common.logger import log
 
 from fedgo_app.attacks import COLLUDING, colluded
 from fedgo_app.server.architectures import Architectures
 from fedgo_app.server.record import RunRecord
-from fedgo_flwr.aggregation import aggregate, mean
+from fedgo_flwr.aggregation import aggregate
+from fedgo_flwr.strategies.rounds import ClientModel
 
 
-@dataclass
-class PartitionModel:
-    """theta_k^t of one client in this round, known by its partition id (the library's
-    `ClientModel` knows it by node id and key)."""
-    partition_id: int
-    num_examples: int
-    state: dict[str, torch.Tensor]
-    metrics: dict
-    extras: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)  # other arrays sent
-
-
-def weighted_average(models: list[PartitionModel], template: dict[str, torch.Tensor]) -> dict:
-    """theta_s^t = sum_k n_k / sum_i n_i * theta_k^t (aggregation.mean)."""
-    return mean([m.state for m in models], [m.num_examples for m in models], template)
+def with_state(model: ClientModel, state: dict[str, torch.Tensor]) -> ClientModel:
+    """`model` carrying other arrays (its metrics as they were)."""
+    (key, _), = model.content.array_records.items()
+    return replace(model, content=RecordDict({key: ArrayRecord(state),
+                                              **model.content.metric_records}))
 
 
 class Averaging:
@@ -41,42 +34,49 @@ class Averaging:
     def liars(self) -> set[int]:
         return set(self.record.data["clients"]["byzantine"]["partitions"])
 
-    def colluded(self, group: list[PartitionModel], previous: dict) -> list[PartitionModel]:
-        """The group with the colluders' models as they would send them (the simulation
-        stands in for the colluders, who know the honest models and theta_g)."""
+    def colluded(self, models: list[ClientModel], previous: dict[str, dict]
+                 ) -> list[ClientModel]:
+        """The round's models with the colluders' as they would send them (the simulation
+        stands in for the colluders, who know the honest models of their architecture and
+        its theta_g)."""
         if self.cfg.attack not in COLLUDING:
-            return group
-        liars = self.liars()
-        states = colluded(self.cfg.attack, self.cfg.attack_scale, [m.state for m in group],
-                          [m.partition_id in liars for m in group], previous)
-        return [replace(m, state=s) for m, s in zip(group, states)]
+            return models
+        liars, by_key = self.liars(), {}
+        for a in self.architectures.names:
+            group = [m for m in models if self.architectures.of(m.key) == a]
+            states = colluded(self.cfg.attack, self.cfg.attack_scale, [m.state for m in group],
+                              [m.key in liars for m in group], previous[a])
+            by_key.update((m.key, with_state(m, s)) for m, s in zip(group, states))
+        return [by_key[m.key] for m in models]
 
-    def __call__(self, server_round: int, models: list[PartitionModel], previous: dict[str, dict],
-                 templates: dict[str, dict]) -> tuple[dict[str, dict] | None, list[PartitionModel]]:
-        """({architecture: its average} or None when the round changes nothing, the models as
-        aggregated); an architecture without a usable average keeps its previous model."""
-        averaged, used = {}, {}
+    def __call__(self, server_round: int, models: list[ClientModel], weighted_by_key: str,
+                 previous: dict[str, dict], templates: dict[str, dict]
+                 ) -> dict[str, dict] | None:
+        """{architecture: its average} (each weighted by the reply's `weighted_by_key`), or
+        None when the round changes nothing; an architecture without a usable average keeps
+        its previous model."""
+        averaged = {}
         entry = self.record.round(server_round)
         aggregation = entry.get("aggregation", {})
         for a in self.architectures.names:
-            group = self.colluded([m for m in models if self.architectures.of(m.partition_id)
-                                   == a], previous[a])
-            used.update((m.partition_id, m) for m in group)
-            result = aggregate([m.state for m in group], [m.num_examples for m in group],
-                               templates[a], self.cfg.aggregation) if group else None
+            group = [m for m in models if self.architectures.of(m.key) == a]
+            weights = [next(iter(m.content.metric_records.values()))[weighted_by_key]
+                       for m in group]
+            result = aggregate([m.state for m in group], weights, templates[a],
+                               self.cfg.aggregation) if group else None
             if result is None:
                 self.kept_previous(server_round, a, len(group), aggregation)
                 entry["aggregation"] = aggregation
                 if not self.architectures.heterogeneous:
-                    return None, models
+                    return None
                 averaged[a] = previous[a]
                 continue
             if result.selected is not None:  # who Krum's rules kept
                 aggregation.setdefault("selected", []).extend(
-                    group[i].partition_id for i in result.selected)
+                    group[i].key for i in result.selected)
                 entry["aggregation"] = aggregation
             averaged[a] = result.state
-        return averaged, [used.get(m.partition_id, m) for m in models]
+        return averaged
 
     def kept_previous(self, server_round: int, architecture: str, usable: int,
                       aggregation: dict) -> None:
@@ -85,4 +85,3 @@ class Averaging:
         log(WARNING, "round %d: %s%s; its global model is unchanged", server_round, why,
             f" of {architecture}" if self.architectures.heterogeneous else "")
         aggregation.setdefault("kept_previous", []).append(architecture)
-

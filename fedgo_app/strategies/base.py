@@ -1,15 +1,14 @@
-"""FedAvg as every strategy here starts: the library's `ServerUpdateFedAvg` (Flower's `start`
-runs the rounds, over a `RoundGrid`) with what this app adds around it, each a small object:
-who takes part (`Membership`: discovery, seeded sampling over partition ids, absent and
-rejoining partitions), the global model of each architecture (`Architectures`), the replies
-tallied by partition and checked by the library's checks (`server.replies.collect`), the
-average with the simulated colluders (`Averaging`), central and personal evaluation
-(`Evaluation`), the run record and checkpoints.
+"""FedAvg as every strategy here starts: the library's `ServerUpdateFedAvg`, whose round
+(sampling, the train messages, the reply checks, the combination, the server update, the
+observers) Flower's `start` runs over a `RoundGrid`, with what this app adds through its
+hooks, each a small object: who takes part (`Membership`: discovery, seeded sampling over
+partition ids, absent and rejoining partitions: `candidates`, `node_of`, n_k), the global
+model of each architecture (`Architectures`: `arrays_for`, `template_of`), the average with the
+simulated colluders and robust rules (`Averaging`: `combine`), central and personal evaluation
+(`Evaluation`), and the run record (an observer) and checkpoints.
 
-Subclasses add a server update after the averaging (`update_average`: the library strategy's
-`server_update`), a pre-FL stage (`prepare`), more to the train config (`train_config`),
-checks of their own replies (`why_left_out`, `train_extras`), and name what they carry from
-round to round (`carried`, checkpointed); they keep the rest.
+Subclasses are the library's strategies with the run config as keywords; they add a pre-FL
+stage (`prepare`) and name what they carry from round to round (`carried`, checkpointed).
 """
 
 from __future__ import annotations
@@ -19,31 +18,26 @@ from logging import INFO, WARNING
 from typing import Iterable
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from fedgo_app.server.architectures import Architectures
-from fedgo_app.server.averaging import Averaging, PartitionModel, weighted_average
+from fedgo_app.server.averaging import Averaging
 from fedgo_app.server.clients import MIN_CLIENTS, ClientDirectory, config_record
 from fedgo_app.server.evaluation import Evaluation
 from fedgo_app.server.membership import Membership, RoundGrid
 from fedgo_app.server.record import RunRecord
-from fedgo_app.server.replies import collect, reply_problem
 from fedgo_app.server.setup import ServerSetup
 from fedgo_app.strategies.clients import CLIENT
 from fedgo_app.strategies.registry import StrategySpec
 from fedgo_flwr.keys import ConfigError
 from fedgo_flwr.replies import payload_bytes
-from fedgo_flwr.sampling import sample_clients
-from fedgo_flwr.seeds import round_seed
-from fedgo_flwr.strategies.base import ClientModel
-from fedgo_flwr.strategies.base import RoundReport, ServerUpdateFedAvg
-from fedgo_flwr.strategies.label_counts import label_counts_problem
+from fedgo_flwr.strategies.base import ServerUpdateFedAvg
+from fedgo_flwr.strategies.rounds import FAILED, ClientModel, RoundReport
 
 
-__all__ = ["CLIENT", "FEDAVG", "PartitionModel", "FedAvgStrategy", "RoundGrid", "ServerSetup",
-           "weighted_average"]
+__all__ = ["CLIENT", "FEDAVG", "FedAvgStrategy", "RoundGrid", "ServerSetup"]
 
 
 class FedAvgStrategy(ServerUpdateFedAvg):
@@ -55,8 +49,6 @@ class FedAvgStrategy(ServerUpdateFedAvg):
     # Clients of different architectures (fedgo_flwr/architectures.py): FedAvg and FedProx
     # average each architecture among its own clients; a strategy that cannot says why.
     mixes_architectures = True
-    label_counts_in_replies = False  # train replies carry the client's label counts c_k,
-    # consistent with its n_k (FedGen's and FedBPG's per-label client weights)
     needs_label_counts = False  # clients send their label counts at discovery (FedGO's
     # class-count rule; the diagnostics' label oracle asks for them too)
     # Attributes that carry from one round to the next (modules, optimisers and schedulers by
@@ -69,7 +61,8 @@ class FedAvgStrategy(ServerUpdateFedAvg):
         super().__init__(model_fn=setup.new_classifier, seed=cfg.seed, device=setup.device,
                          fraction_train=cfg.fraction_train, min_train_nodes=MIN_CLIENTS,
                          min_available_nodes=1, client_key=self.partition_of,
-                         **setup.client_keywords, **keywords)
+                         num_examples_fn=lambda pid, n: self.membership.sample_size(pid, n),
+                         observers=[self.record_round], **setup.client_keywords, **keywords)
         # Flower's client-side evaluation is off: personal-test-fraction asks the clients in
         # `evaluate_round`, by partition. (Said after the constructor, which would warn.)
         self.fraction_evaluate, self.min_evaluate_nodes = 0.0, 0
@@ -129,10 +122,6 @@ class FedAvgStrategy(ServerUpdateFedAvg):
         none."""
         return None
 
-    def check_training(self, train_config: ConfigRecord) -> None:
-        """Nothing for `start` to ask of its caller: the app's clients train as the run config
-        says (clients.py), in the train config `train_config` below builds."""
-
     def mixed_problem(self) -> str | None:
         """Why this run cannot mix architectures, or None."""
         if not self.mixes_architectures:
@@ -156,64 +145,65 @@ class FedAvgStrategy(ServerUpdateFedAvg):
         """Send and wait up to round-timeout, each reply logged by partition as it comes."""
         return self.membership.exchange(messages, expected, what, server_round)
 
-    # --- the rounds: Flower's `start` runs them over a RoundGrid (server_app.run)
-    def train_config(self, server_round: int) -> ConfigRecord:
+    # --- the rounds: Flower's `start` runs the library's over a RoundGrid (server_app.run)
+    def train_config(self) -> ConfigRecord:
+        """How the clients train (`start`'s train_config; the library adds the round and
+        its client seed)."""
         cfg = self.cfg
-        conf = config_record(server_round=server_round, local_epochs=cfg.local_epochs,
-                             batch_size=cfg.batch_size, lr=cfg.lr, flip=cfg.flip,
-                             random_crop=cfg.random_crop, optimizer=cfg.optimizer,
-                             momentum=cfg.momentum, seed=round_seed(cfg.seed, server_round))
-        return conf
-
-    def train_content(self, server_round: int, arrays: ArrayRecord) -> RecordDict:
-        """What every sampled client receives: the global model, the train config and the
-        library strategy's `train_payload` (FedProx's mu, the clients' method's, DaFKD's G
-        and head, ...)."""
-        extra, settings = self.train_payload(server_round, arrays)
-        config = self.train_config(server_round)
-        config.update(settings)
-        return RecordDict({"arrays": arrays, **extra, "config": config})
+        return config_record(local_epochs=cfg.local_epochs, batch_size=cfg.batch_size,
+                             lr=cfg.lr, flip=cfg.flip, random_crop=cfg.random_crop,
+                             optimizer=cfg.optimizer, momentum=cfg.momentum)
 
     def known_clients(self) -> set:
         """Every partition of the federation (SCAFFOLD's N)."""
         return set(self.clients.partition_ids)
 
+    def candidates(self, grid: Grid) -> tuple[dict, set]:
+        """Every partition found, the absent ones skipped (fedgo_app.server.membership)."""
+        return ({p: self.clients.by_partition[p].node_id for p in self.clients.partition_ids},
+                set(self.absent))
+
+    def node_of(self, reply: Message) -> int:
+        return self.mailbox.node_of(reply)
+
+    def arrays_for(self, key: int, arrays: ArrayRecord) -> ArrayRecord:
+        return self._sent[self.architectures.of(key)] if self.architectures.heterogeneous \
+            else arrays
+
+    def template_of(self, key: int) -> dict[str, torch.Tensor]:
+        return self._templates[self.architectures.of(key)]
+
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
-        """Flower's round `server_round` of this `start` is the run's round offset + it: the
-        partitions present are sampled by the seed, each gets its architecture's model."""
+        """Flower's round `server_round` of this `start` is the run's round offset + it:
+        the partitions that answer again rejoin, then the library's round."""
         server_round = self.current_round = server_round + self.offset
-        self.grid = grid
         self.membership.refresh(grid, server_round, self.architectures.names)
-        pids = sample_clients(self.clients.partition_ids, self.cfg.fraction_train,
-                              self.cfg.seed, server_round, MIN_CLIENTS, self.absent)
-        self.sampled = {self.clients.by_partition[p].node_id: p for p in pids}
+        self._sent_state = arrays.to_torch_state_dict()  # theta_g, for colluding liars
+        self._sent = {a: ArrayRecord(g) for a, g in
+                      self.architectures.globals_of(self._sent_state).items()}
+        messages = list(super().configure_train(server_round, arrays, config, grid))
+        pids = sorted(self.sampled.values())
         entry = self.record.round(server_round)
         entry["clients"] = pids
         if self.absent:
             entry.setdefault("replies", {})["absent"] = sorted(self.absent)
             log(WARNING, "round %d: partitions %s are absent from sampling", server_round,
                 sorted(self.absent))
-        self._sent_state = arrays.to_torch_state_dict()  # theta_g, for colluding liars
-        arch = self.architectures
-        contents = {a: self.train_content(server_round, ArrayRecord(g) if arch.heterogeneous
-                                          else arrays)
-                    for a, g in arch.globals_of(self._sent_state).items()}
-        self.count_down(server_round, contents, pids)
+        self.count_down(server_round, messages)
         log(INFO, "round %d: training on partitions %s", server_round, pids)
         self._sent_at, self._cpu_at = time.perf_counter(), time.process_time()
-        return [Message(contents[arch.of(p)], dst_node_id=n, message_type="train")
-                for n, p in self.sampled.items()]
+        return messages
 
-    def count_down(self, server_round: int, contents: dict[str, RecordDict],
-                   pids: list[int]) -> None:
+    def count_down(self, server_round: int, messages: list[Message]) -> None:
         """The bytes the round sends (by architecture in a mixed federation)."""
-        down = {a: payload_bytes([c]) * sum(self.architectures.of(p) == a for p in pids)
-                for a, c in contents.items()}
-        self.record.sent("main_fl", "down", sum(down.values()), server_round)
+        self.record.sent("main_fl", "down", payload_bytes(messages), server_round)
         if self.architectures.heterogeneous:
-            self.record.round(server_round)["bytes_by_architecture"] = {
-                a: {"down": n} for a, n in down.items()}
+            down = {a: {"down": 0} for a in self.architectures.names}
+            for m in messages:
+                arch = self.architectures.of(self.sampled[m.metadata.dst_node_id])
+                down[arch]["down"] += payload_bytes([m])
+            self.record.round(server_round)["bytes_by_architecture"] = down
 
     def count_up(self, server_round: int, replies: list[Message]) -> None:
         """The bytes the round's replies carry (by architecture in a mixed federation)."""
@@ -223,102 +213,65 @@ class FedAvgStrategy(ServerUpdateFedAvg):
             self.architectures.count_up(by_arch, replies, lambda reply: self.sampled.get(
                 self.mailbox.node_of(reply)))
 
-    def why_left_out(self, reply: Message, array_key: str, template: dict[str, torch.Tensor],
-                     extras: dict[str, dict[str, torch.Tensor]] | None = None) -> str | None:
-        """Why a reply cannot be used, or None; strategies add checks of what they send."""
-        return reply_problem(reply, array_key, template, extras) or (
-            label_counts_problem(reply.content.metric_records["metrics"], self.setup.num_classes)
-            if self.label_counts_in_replies else None)
-
-    def train_extras(self, server_round: int) -> dict[str, dict[str, torch.Tensor]]:
-        """The arrays a train reply carries besides the model (name -> template): those of
-        the clients' method (FedAvg's carry none)."""
-        return self.client_method.reply_templates() if self.client_method else {}
-
-    def collect(self, replies: Iterable[Message], array_key: str, template, expected: dict,
-                extras: dict[str, dict[str, torch.Tensor]] | None = None
-                ) -> tuple[list[PartitionModel], dict]:
-        """The usable replies (`template`: the arrays' names and shapes, or a function of the
-        partition id giving them; `extras`: more arrays each must carry) and their tally
-        (fedgo_app.server.replies.collect), n_k as `Membership.sample_size` weighs it."""
-        def problem(reply: Message, pid: int) -> str | None:
-            return self.why_left_out(reply, array_key, template(pid) if callable(template)
-                                     else template, extras)
-
-        return collect(replies, expected, self.mailbox.node_of, problem, array_key,
-                       self.membership.sample_size)
-
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """The usable replies averaged (each architecture's among its own), then the server
-        update; partitions that missed the round are absent until they answer again."""
+        """The library's round, timed and counted; partitions that missed the round are
+        absent until they answer again (`record_round`)."""
         server_round = self.current_round = server_round + self.offset
         replies = list(replies)
         self.record.time("client_training", time.perf_counter() - self._sent_at, server_round)
         self.count_up(server_round, replies)
-        templates = self.architectures.templates()
-        models, tally = self.collect(replies, "arrays",
-                                     lambda pid: templates[self.architectures.of(pid)],
-                                     self.sampled, self.train_extras(server_round))
-        self.record.round(server_round).setdefault("replies", {}).update(tally)
-        self.absent.update([*tally["missing"], *map(int, tally["failed"])])
-        if not models:
-            log(WARNING, "round %d: no usable client model; the server model is unchanged",
-                server_round)
-            return None, None
+        self._templates = self.architectures.templates()
+        return super().aggregate_train(server_round, replies)
+
+    def client_models(self, server_round: int, replies: Iterable[Message]) -> list[ClientModel]:
+        """The library's usable replies, the colluders' as they would send them."""
+        return self.averaging.colluded(super().client_models(server_round, replies),
+                                       self.architectures.globals_of(self._sent_state))
+
+    def combine(self, server_round: int, models: list[ClientModel]) -> ArrayRecord | None:
+        """Each architecture's models combined by the run's aggregator (fedgo_app.server.
+        averaging), joined."""
         start = time.perf_counter()
-        averaged, models = self.averaging(server_round, models,
-                                          self.architectures.globals_of(self._sent_state),
-                                          templates)
+        averaged = self.averaging(server_round, models, self.weighted_by_key,
+                                  self.architectures.globals_of(self._sent_state),
+                                  self._templates)
         if averaged is None:
-            return None, None
+            return None
         self.record.time("aggregation", time.perf_counter() - start, server_round)
-        state = (self.architectures.joined(self.update_architectures(server_round, averaged,
-                                                                     models))
-                 if self.architectures.heterogeneous else
-                 self.update_average(server_round, averaged[self.architectures.names[0]],
-                                     models))
-        return ArrayRecord(state), MetricRecord({"train-loss": self.record_train(server_round,
-                                                                                 models)})
+        return ArrayRecord(self.architectures.joined(averaged))
 
-    def record_train(self, server_round: int, models: list[PartitionModel]) -> float:
-        """The round's n_k-weighted train loss and the clients' own compute (their sum, apart
-        from waiting and transfer), recorded; the loss returned."""
-        reported = [m for m in models if isinstance(m.metrics.get("train-loss"), (int, float))]
-        loss = (sum(m.num_examples * m.metrics["train-loss"] for m in reported)
-                / sum(m.num_examples for m in reported)) if reported else float("nan")
-        entry = self.record.round(server_round)
-        entry["train_loss"] = loss
-        entry["client_seconds"] = sum(float(m.metrics.get("train-seconds", 0.0)) for m in models)
-        return loss
-
-    def update_average(self, server_round: int, averaged: dict[str, torch.Tensor],
-                       models: list[PartitionModel]) -> dict[str, torch.Tensor]:
-        """The library strategy's server update (`server_update`: FedAvg keeps the average)
-        on the round as the library sees it; its observers (the record) see it after."""
-        report = self.library_report(server_round, averaged, models)
-        self.method_step(server_round, report)  # the clients' method's step comes first
-        report.arrays, metrics = self.server_update(
-            server_round, report.averaged, report.clients, report)
-        report.metrics.update(metrics)
-        self.notify(report)
-        return report.arrays.to_torch_state_dict()
-
-    def library_report(self, server_round: int, averaged: dict[str, torch.Tensor] | None,
-                       models: list[PartitionModel]) -> RoundReport:
-        """The round as the library sees it: each model known by its partition id."""
-        clients = [ClientModel(self.clients.by_partition[m.partition_id].node_id,
-                                m.num_examples, RecordDict({"arrays": ArrayRecord(m.state)}),
-                                m.metrics, {k: ArrayRecord(v) for k, v in m.extras.items()},
-                                m.partition_id) for m in models]
-        return RoundReport(server_round, dict(self.sampled), clients, {},
-                           None if averaged is None else ArrayRecord(averaged), None, {})
-
-    def update_architectures(self, server_round: int, averaged: dict[str, dict],
-                             models: list[PartitionModel]) -> dict[str, dict]:
-        """A mixed federation's server update ({architecture: its average}); FedAvg keeps
-        each architecture's average."""
-        return averaged
+    def record_round(self, report: RoundReport) -> None:
+        """The round's replies tallied by partition (missing: no reply in time; failed: an
+        error reply, the node or its ClientApp failed; rejected: one the checks left out),
+        its train loss weighted as the models are averaged (by n_k; FedDisco's by p_k) and the clients' own compute (their sum, apart from
+        waiting and transfer); who missed it is absent from sampling. (The pre-FL stage's
+        report, round 0, is its strategy's to record.)"""
+        if report.server_round == 0:
+            return
+        pid, usable = report.sampled, {m.node_id for m in report.clients}
+        left = {str(pid[n]): why for n, why in report.left_out.items()
+                if n in pid and n not in usable}  # (not a usable reply's duplicate)
+        failed = {p: w for p, w in left.items() if w.startswith(FAILED)}
+        answered = {*map(int, left), *(m.key for m in report.clients)}
+        missing = sorted(p for p in pid.values() if p not in answered)
+        if missing:
+            log(WARNING, "no reply in time from partitions %s", missing)
+        self.record.round(report.server_round).setdefault("replies", {}).update(
+            asked=len(pid), missing=missing, failed=failed,
+            rejected={p: w for p, w in left.items() if p not in failed},
+            usable=len(report.clients))
+        self.absent.update([*missing, *map(int, failed)])
+        if not report.clients:
+            return
+        reported = [(next(iter(m.content.metric_records.values()))[self.weighted_by_key],
+                     m.metrics["train-loss"]) for m in report.clients
+                    if isinstance(m.metrics.get("train-loss"), (int, float))]
+        entry = self.record.round(report.server_round)
+        entry["train_loss"] = (sum(w * loss for w, loss in reported)  # weighted as averaged
+                               / sum(w for w, _ in reported)) if reported else float("nan")
+        entry["client_seconds"] = sum(float(m.metrics.get("train-seconds", 0.0))
+                                      for m in report.clients)
 
     # --- checkpoints
     def state_dict(self) -> dict:

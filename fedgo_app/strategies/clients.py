@@ -15,6 +15,9 @@ from fedgo_flwr.models import create_classifier
 from fedgo_flwr.sampling import PARTITION_ID, QUERY_PARTITION, partition_reply
 from fedgo_flwr.seeds import client_seed
 from fedgo_flwr.strategies.client_methods import local_update
+from fedgo_flwr.strategies.fedgkd import TRAIN_FEDGKD
+from fedgo_flwr.strategies.feduv import TRAIN_FEDUV
+from fedgo_flwr.strategies.scaffold import TRAIN_SCAFFOLD
 from fedgo_flwr.train import evaluate
 
 
@@ -63,6 +66,9 @@ def library_step(client_step: Callable[..., Message], state: bool = False
     return handler
 
 
+# The train messages of the library's client methods: `train` under their own types.
+CLIENT_METHOD_TYPES = (TRAIN_SCAFFOLD, TRAIN_FEDUV, TRAIN_FEDGKD)
+
 # ClientUpdate: the library's one client step (fedgo_flwr.strategies.client_methods), with
 # FedProx's term where the train config has "proximal-mu" and the terms of the clients'
 # method it names (SCAFFOLD's, FedUV's, FedGKD's), under any server.
@@ -75,4 +81,5 @@ def partition(message: Message, local: Local) -> Message:
 
 
 CLIENT = {"query": info, "train": train, "evaluate": evaluate_local,
-          EVALUATE_CANDIDATES: evaluate_candidates, QUERY_PARTITION: partition}
+          EVALUATE_CANDIDATES: evaluate_candidates, QUERY_PARTITION: partition,
+          **{t: train for t in CLIENT_METHOD_TYPES}}

@@ -32,7 +32,7 @@ from fedgo_app.strategies.base import CLIENT, ServerSetup
 from fedgo_app.strategies.clients import library_step
 from fedgo_app.strategies.ensemble import MARKS, READS, EnsembleApp
 from fedgo_app.strategies.registry import StrategySpec
-from fedgo_flwr.strategies.dafkd import GENERATOR, HEAD, domain_scores
+from fedgo_flwr.strategies.dafkd import HEAD, TRAIN_DAFKD, domain_scores
 from fedgo_flwr.strategies.dafkd import DaFKD as LibraryDaFKD
 from fedgo_flwr.strategies.dafkd import domain_aware_update as domain_aware_update_on
 
@@ -48,8 +48,8 @@ class DaFKDKeys:
 # ---------------------------------------------------------------------------- server side
 class DaFKDApp(EnsembleApp, LibraryDaFKD):
     """The library's DaFKD (its server update: the heads and G averaged, the round's set
-    drawn from G, the domain-aware weights); the app sends its messages as `train`, with G,
-    the global head and G's settings."""
+    drawn from G, the domain-aware weights) over the app's FedAvg; its clients run the
+    library's step."""
     mixes_architectures = False  # one discriminator head on one latent space
     draws_distillation_set = False  # its own, from its collaboratively trained G, every round
     has_discriminators = True
@@ -65,25 +65,16 @@ class DaFKDApp(EnsembleApp, LibraryDaFKD):
     distillation_set = LibraryDaFKD.distillation_set
     scores = LibraryDaFKD.scores
 
-    def train_extras(self, server_round: int) -> dict[str, dict[str, torch.Tensor]]:
-        """Train replies also carry D_k's head, and G in the generator rounds."""
-        need = {**super().train_extras(server_round), HEAD: self.head.state_dict()}
-        if self.trains_generator(server_round):
-            need[GENERATOR] = self.generator.state_dict()
-        return need
-
-    def test_scores(self, keys: list[int], nets: list[nn.Module], n_k: torch.Tensor
+    def test_scores(self, teachers, nets: list[nn.Module], n_k: torch.Tensor
                     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each client's class logits [K, N, C] and logit D_k(x) [K, N] on the test split."""
-        return domain_scores(nets, [self.heads[k] for k in keys], self.setup.test_x,
-                             flip=False, device=self.setup.device, amp=self.setup.amp)
-
-    def update_average(self, server_round, averaged, models):
-        self.heads = {m.partition_id: m.extras[HEAD] for m in models}  # the test score's
-        return super().update_average(server_round, averaged, models)
+        """Each client's class logits [K, N, C] and logit D_k(x) [K, N] on the test split,
+        D_k's head the one its reply carried."""
+        return domain_scores(nets, [m.extras[HEAD].to_torch_state_dict() for m in teachers],
+                             self.setup.test_x, flip=False, device=self.setup.device,
+                             amp=self.setup.amp)
 
 
 # DaFKD's local step (fedgo_flwr's) on S_k with this client's architecture
 DAFKD = StrategySpec("dafkd", DaFKDApp,
-                     {**CLIENT, "train": library_step(domain_aware_update_on, state=True)},
+                     {**CLIENT, TRAIN_DAFKD: library_step(domain_aware_update_on, state=True)},
                      keys=DaFKDKeys, reads=(*READS, "generator"), marks=MARKS)

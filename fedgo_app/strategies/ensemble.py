@@ -20,11 +20,12 @@ import hashlib
 from logging import INFO
 
 import torch
+from flwr.app import ArrayRecord
 from flwr.common.logger import log
 
 from fedgo_app.generators import generator_arguments, obtain_generator
 from fedgo_app.server.record import RunRecord
-from fedgo_app.strategies.base import CLIENT, FedAvgStrategy, PartitionModel, ServerSetup
+from fedgo_app.strategies.base import CLIENT, FedAvgStrategy, ServerSetup
 from fedgo_app.strategies.ensemble_record import EnsembleRecord
 from fedgo_app.fedgan import TRAIN_FEDGAN, fedgan_generator, fedgan_update
 from fedgo_flwr.diagnostics import PAST_TEACHERS
@@ -159,11 +160,12 @@ class EnsembleApp(FedAvgStrategy, LibraryEnsemble):
         """log Phi_k on the test split, [K, N]; rules without discriminators ignore it."""
         return torch.zeros(len(keys), len(self.setup.test_y))
 
-    def test_scores(self, keys: list[int], nets: list[torch.nn.Module], n_k: torch.Tensor
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def test_scores(self, teachers: list[ClientModel], nets: list[torch.nn.Module],
+                    n_k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The teachers' logits [K, N, C] and log Phi_k [K, N] on the test split (n_k [K]:
         their sizes)."""
-        return self.logits_of(nets, self.setup.test_x), self.test_log_odds(keys)
+        return (self.logits_of(nets, self.setup.test_x),
+                self.test_log_odds([m.key for m in teachers]))
 
     def teacher_nets(self, teachers: list[ClientModel]) -> list[torch.nn.Module]:
         """Each teacher in its own architecture (a mixed federation's are several)."""
@@ -202,22 +204,23 @@ class EnsembleApp(FedAvgStrategy, LibraryEnsemble):
         return super().mixed_problem()
 
     # --- the round: the library's server update (fedgo_flwr.strategies.ensemble)
-    def update_architectures(self, server_round: int, averaged: dict[str, dict],
-                             models: list[PartitionModel]) -> dict[str, dict]:
-        """A mixed federation (a wrapper of the library's update): the ensemble of every
+    def server_update(self, server_round, averaged, models, report):
+        """The library's; a mixed federation's (its wrapper): the ensemble of every
         architecture's teachers pseudo-labels the distillation set once, and each
         architecture's average is distilled on it."""
-        report = self.library_report(server_round, None, models)
-        if (drawn := self.round_set(server_round, report.clients)) is None:
-            return averaged
+        if not self.architectures.heterogeneous:
+            return super().server_update(server_round, averaged, models, report)
+        if (drawn := self.round_set(server_round, models)) is None:
+            return averaged, {}
         teachers, u = drawn
         batches = self.distill_batches(server_round, u)
-        targets, batches, report.metrics = self.pseudo_labels(server_round, teachers, u, None,
-                                                              batches, report)
-        students = {a: self.setup.new_classifier(a, state) for a, state in averaged.items()}
+        targets, batches, metrics = self.pseudo_labels(server_round, teachers, u, None,
+                                                       batches, report)
+        students = {a: self.setup.new_classifier(a, state) for a, state in
+                    self.architectures.globals_of(averaged.to_torch_state_dict()).items()}
         report.details["distill_by_architecture"] = {
             a: self.distill_student(server_round, student, u, targets, batches)
             for a, student in students.items()}
-        self.notify(report)
-        return {a: {k: v.detach().cpu() for k, v in student.state_dict().items()}
-                for a, student in students.items()}
+        return ArrayRecord(self.architectures.joined(
+            {a: {k: v.detach().cpu() for k, v in student.state_dict().items()}
+             for a, student in students.items()})), metrics

@@ -14,6 +14,7 @@ import torch
 from fedgo_flwr.diagnostics import (ensemble_diagnostics, lasting_diagnostics,
                                      per_class_diagnostics, phi_stats)
 from fedgo_flwr.distill import disagreement, ensemble_log_probs, floored
+from fedgo_flwr.observers import numbers
 from fedgo_flwr.strategies.base import RoundReport
 from fedgo_flwr.train import accuracy_and_loss
 from fedgo_flwr.weighting import past_member_shares, with_members
@@ -58,6 +59,9 @@ class EnsembleRecord:
             self.guard(report, entry)
         if "teachers" in details and (cfg.ensemble_test or cfg.diagnostics):
             self.score_ensemble(report, entry)
+        # for the trackers that come after (fedgo_flwr.observers): the scores, diagnostics
+        report.metrics.update(numbers("", {k: entry[k] for k in (
+            "ensemble_test_acc", "ensemble_test_loss", "diagnostics") if k in entry}))
 
     def stage(self, report: RoundReport) -> None:
         """FedGO's pre-FL stage (or discriminators that join after it), by partition id: the
@@ -80,8 +84,9 @@ class EnsembleRecord:
                    for kind in ("failed", "rejected")}, "usable": len(received)}
             if s.negatives == "server-sample":
                 pre_fl["server_sample"] = min(s.server_sample_size, len(s.u))
-        pre_fl.setdefault("discriminator_loss", {}).update(
-            {str(k): m.get("discriminator-loss") for k, m in received.items()})
+        for name in ("discriminator-loss", "discriminator-train-acc"):
+            pre_fl.setdefault(name.replace("-", "_"), {}).update(
+                {str(k): m.get(name) for k, m in received.items()})
         if s.calibrated:
             pre_fl.setdefault("calibration", {}).update(
                 {str(k): [m["odds-scale"], m["odds-shift"]] for k, m in received.items()})
@@ -109,10 +114,10 @@ class EnsembleRecord:
         s, details = self.strategy, report.details
         cfg, test_x, test_y = s.cfg, s.setup.test_x, s.setup.test_y
         start = time.perf_counter()
-        keys, nets = [m.key for m in details["teachers"]], details["nets"]
+        nets = details["nets"]
         n_k = torch.tensor([m.num_examples for m in details["teachers"]], dtype=torch.float32)
         past, member = details["past"], cfg.averaged_share > 0
-        test_logits, log_odds = s.test_scores(keys, nets, n_k)
+        test_logits, log_odds = s.test_scores(details["teachers"], nets, n_k)
         average_logits = (s.logits_of([s.load(report.averaged.to_torch_state_dict())], test_x)
                           if member or cfg.teacher_floor or cfg.diagnostics else None)
         past_logits = s.past_logits(past, test_x) if past else None

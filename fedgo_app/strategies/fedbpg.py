@@ -43,7 +43,7 @@ from fedgo_app.strategies.base import CLIENT, FedAvgStrategy, ServerSetup
 from fedgo_app.strategies.clients import library_step
 from fedgo_app.strategies.registry import StrategySpec
 from fedgo_flwr.strategies.fedbpg import (ALPHAS, FUSION_ALPHA, GENERATOR_SECONDS,
-                                          LOCAL_MODEL)
+                                          LOCAL_MODEL, TRAIN_FEDBPG)
 from fedgo_flwr.strategies.fedbpg import FedBPG as LibraryFedBPG
 from fedgo_flwr.strategies.fedbpg import personalised_evaluate as personalised_evaluate_on
 from fedgo_flwr.strategies.fedbpg import personalised_update as personalised_update_on
@@ -101,7 +101,6 @@ class FedBPGApp(FedAvgStrategy, LibraryFedBPG):
     # G is one image space's generator and the consensus one architecture's: not mixed.
     mixes_architectures = False
     carried = ("generator", "optimizer", "retained")
-    label_counts_in_replies = True  # |D_k^y|, for L_aut's and L_eff's shares and p(y)
 
     def __init__(self, setup: ServerSetup, record: RunRecord):
         keys = setup.cfg.keys("fedbpg")
@@ -123,8 +122,9 @@ class FedBPGApp(FedAvgStrategy, LibraryFedBPG):
     def personal_config(self, server_round: int) -> ConfigRecord:
         """What each client's personalised evaluation reads: the training settings, the
         run's seed, and the fusion's and DP's (the library's `personal_settings`)."""
-        conf = self.train_config(server_round)
-        conf.update({"seed": self.cfg.seed, **self.personal_settings()})
+        conf = self.train_config()
+        conf.update({"server-round": server_round, "seed": self.cfg.seed,
+                     **self.personal_settings()})
         return conf
 
     def record_tuning(self, report) -> None:
@@ -163,8 +163,9 @@ def personal_evaluate(message: Message, local: Local) -> Message:
 
 
 FEDBPG = StrategySpec(
-    "fedbpg", FedBPGApp, {**CLIENT, "train": library_step(personalised_update_on, state=True),
-                          "evaluate": personal_evaluate},
+    "fedbpg", FedBPGApp,
+    {**CLIENT, TRAIN_FEDBPG: library_step(personalised_update_on, state=True),
+     "evaluate": personal_evaluate},
     keys=FedBPGKeys,
     marks=(("fedbpg-ensemble-distillation", True, "w/o ED"),
            ("fedbpg-adaptive-fusion", True, "w/o AF"),

@@ -6,13 +6,13 @@ uniform one), and so is the round's train loss."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from fedgo_app.server.record import RunRecord
 from fedgo_app.strategies.base import CLIENT, FedAvgStrategy, ServerSetup
 from fedgo_app.strategies.registry import StrategySpec
 from fedgo_flwr.keys import NON_NEGATIVE, OneOf, key
-from fedgo_flwr.strategies.feddisco import METRICS
+from fedgo_flwr.strategies.feddisco import METRICS, QUERY_LABEL_COUNTS, label_counts_reply
 from fedgo_flwr.strategies.feddisco import FedDisco as LibraryFedDisco
 
 
@@ -34,14 +34,18 @@ class FedDiscoApp(FedAvgStrategy, LibraryFedDisco):
         super().__init__(setup, record, num_classes=setup.num_classes,
                          discrepancy_weight=keys.a, bias=keys.b, metric=keys.metric)
 
-    def collect(self, *args, **kwargs):
-        """The usable replies, each weighted by p_k in place of n_k."""
-        models, tally = super().collect(*args, **kwargs)
-        counts = self.clients.label_histograms([m.partition_id for m in models])
-        if counts is not None:
-            p = self.weights_of(counts, [m.num_examples for m in models])
-            models = [replace(m, num_examples=w) for m, w in zip(models, p.tolist())]
-        return models, tally
+    def discover(self, grid) -> None:
+        """The clients, and c_k as they reported it at discovery (the library asks a client
+        that comes without it)."""
+        super().discover(grid)
+        self.counts = {p: list(c.label_histogram) for p, c in self.clients.by_partition.items()
+                       if c.label_histogram is not None}
 
 
-FEDDISCO = StrategySpec("feddisco", FedDiscoApp, CLIENT, keys=FedDiscoKeys)
+def label_counts(message, local):
+    """The library's label-count query, on S_k."""
+    return label_counts_reply(message, (local.x, local.y))
+
+
+FEDDISCO = StrategySpec("feddisco", FedDiscoApp, {**CLIENT, QUERY_LABEL_COUNTS: label_counts},
+                        keys=FedDiscoKeys)

@@ -29,7 +29,7 @@ from fedgo_app.strategies.base import CLIENT, FedAvgStrategy, ServerSetup
 from fedgo_app.strategies.clients import library_step
 from fedgo_app.strategies.registry import StrategySpec
 from fedgo_flwr.strategies.fedgen import FedGen as LibraryFedGen
-from fedgo_flwr.strategies.fedgen import generated_feature_update
+from fedgo_flwr.strategies.fedgen import TRAIN_FEDGEN, generated_feature_update
 
 
 @dataclass(frozen=True)
@@ -52,11 +52,10 @@ class FedGenKeys:
 # ---------------------------------------------------------------------------- server side
 class FedGenApp(FedAvgStrategy, LibraryFedGen):
     """The library's FedGen (its server update: p^(y), lambda_k^y and G_w trained on the
-    round's predictors); the app sends G_w, p^(y) and alpha_t with its `train` messages and
-    records G_w's training."""
+    round's predictors) over the app's FedAvg, with an observer recording G_w's
+    training."""
     mixes_architectures = False  # G_w generates features of one architecture's latent space
     carried = ("generator", "optimizer", "schedule", "prior")
-    label_counts_in_replies = True
 
     def __init__(self, setup: ServerSetup, record: RunRecord):
         keys = setup.cfg.keys("fedgen")
@@ -78,5 +77,5 @@ class FedGenApp(FedAvgStrategy, LibraryFedGen):
 
 # Its clients: the library's step (eq. 5), seeded by the partition.
 FEDGEN = StrategySpec("fedgen", FedGenApp,
-                      {**CLIENT, "train": library_step(generated_feature_update)},
+                      {**CLIENT, TRAIN_FEDGEN: library_step(generated_feature_update)},
                       keys=FedGenKeys)

@@ -74,11 +74,6 @@ class FedGOApp(EnsembleApp, LibraryFedGO):
             log(WARNING, "pre-FL: partitions %s have no discriminator in the odds: they still "
                 "train, and teach once theirs comes", left_out)
 
-    def configure_train(self, server_round, arrays, config, grid):
-        messages = super().configure_train(server_round, arrays, config, grid)
-        self.take_latecomers(grid)
-        return messages
-
     # D_k go into the checkpoints: a resumed run scores redrawn sets and the test split.
     def state_dict(self) -> dict:
         state = super().state_dict()
@@ -107,15 +102,15 @@ class FedGOApp(EnsembleApp, LibraryFedGO):
                                "counts; a client of this round sent none")
         return weighting_rule(self.cfg.weighting, histograms=counts)
 
-    def test_scores(self, keys, nets, n_k):
+    def test_scores(self, teachers, nets, n_k):
         """With `teachers-per-image` (and no diagnostics, which score every rule on every
         teacher) the ensemble the round distils toward: each test image's top teachers by
         the odds alone, as on U (the library's top_teacher_logits)."""
         if not 0 < self.teachers_per_image < len(nets) or self.cfg.diagnostics:
-            return super().test_scores(keys, nets, n_k)
+            return super().test_scores(teachers, nets, n_k)
         logits, log_odds, _ = top_teacher_logits(
-            nets, self.setup.test_x, self.test_log_odds(keys), n_k, self.teachers_per_image,
-            device=self.setup.device, amp=self.setup.amp)
+            nets, self.setup.test_x, self.test_log_odds([m.key for m in teachers]), n_k,
+            self.teachers_per_image, device=self.setup.device, amp=self.setup.amp)
         return logits, log_odds
 
     def test_log_odds(self, keys: list[int]) -> torch.Tensor:

@@ -9,15 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-from flwr.app import Message
-
 from fedgo_app.server.record import RunRecord
 from fedgo_app.strategies.base import CLIENT, FedAvgStrategy, ServerSetup
 from fedgo_app.strategies.clients import library_step
 from fedgo_app.strategies.registry import StrategySpec
 from fedgo_flwr.keys import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, key
-from fedgo_flwr.strategies.fedtgp import LOCAL, prototype_update
+from fedgo_flwr.strategies.fedtgp import TRAIN_FEDTGP, prototype_update
 from fedgo_flwr.strategies.fedtgp import FedTGP as LibraryFedTGP
 
 
@@ -49,14 +46,6 @@ class FedTGPApp(FedAvgStrategy, LibraryFedTGP):
                          server_batch_size=keys.server_batch_size, server_lr=keys.server_lr,
                          feature_dim=self.feature_dim)
 
-    def train_extras(self, server_round: int):
-        return {LOCAL: {"prototypes": torch.zeros(self.num_classes, self.feature_dim),
-                        "counts": torch.zeros(self.num_classes, dtype=torch.long)}}
 
-    def why_left_out(self, reply: Message, array_key: str, template, extras=None):
-        return super().why_left_out(reply, array_key, template, extras) or (
-            self.prototypes_problem(reply) if extras else None)
-
-
-FEDTGP = StrategySpec("fedtgp", FedTGPApp, {**CLIENT, "train": library_step(prototype_update)},
-                      keys=FedTGPKeys)
+FEDTGP = StrategySpec("fedtgp", FedTGPApp,
+                      {**CLIENT, TRAIN_FEDTGP: library_step(prototype_update)}, keys=FedTGPKeys)

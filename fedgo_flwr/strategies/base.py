@@ -9,7 +9,10 @@ The seams an app plugs into, each a constructor argument: reproducible sampling 
 client keys (`client_key`, fedgo_flwr.sampling), the n_k a reply is weighted by
 (`num_examples_fn`), the combination (`aggregate_fn`), the clients' method under any server
 (`client_method`: SCAFFOLD's, FedUV's, FedGKD's; FedProx's by `proximal_mu`) and round
-observers (`observers`, each given a `RoundReport`)."""
+observers (`observers`, each given a `RoundReport`). An app that keeps its own directory of
+clients overrides the round's small hooks, not the round: who is sampled (`candidates`), what
+each client is sent (`arrays_for`) and its reply must fit (`template_of`), whom a reply
+answers for (`node_of`) and how the usable models combine (`combine`)."""
 
 from __future__ import annotations
 
@@ -27,12 +30,13 @@ from torch import nn
 
 from fedgo_flwr.aggregation import mean_of_replies
 from fedgo_flwr.checks import check_keywords
+from fedgo_flwr.observers import finished, started, watched
 from fedgo_flwr.replies import examples_problem, payload_bytes, state_problem
 from fedgo_flwr.sampling import ClientKeys, sample_clients
 from fedgo_flwr.seeds import round_seed
-from fedgo_flwr.strategies.messages import METHOD_KEY, OPTIONAL_TRAINING
-from fedgo_flwr.strategies.rounds import ClientModel, RoundReport
-from fedgo_flwr.train import OPTIMIZERS, resolve_device
+from fedgo_flwr.strategies.messages import METHOD_KEY, training_problem
+from fedgo_flwr.strategies.rounds import FAILED, ClientModel, RoundReport
+from fedgo_flwr.train import resolve_device
 
 
 class ServerUpdateFedAvg(FedAvg):
@@ -50,7 +54,8 @@ class ServerUpdateFedAvg(FedAvg):
     aggregate_fn : Callable[[list[RecordDict], str], ArrayRecord] | None (default: None)
         How the round's usable client models are combined, given their replies' contents and
         `weighted_by_key`: None is FedAvg's n_k-weighted mean, summed in float64
-        (fedgo_flwr.aggregation.mean_of_replies); a robust rule of your own goes here.
+        (fedgo_flwr.aggregation.mean_of_replies); a robust rule of your own goes here
+        (returning None keeps the global model for the round: too few models for it, say).
     client_key : Callable[[int], Hashable] | str | None (default: None)
         What a client is known by, for sampling and the order of the round's models: None,
         its node id; "partition-id", the partition id each node reports once from its
@@ -69,7 +74,9 @@ class ServerUpdateFedAvg(FedAvg):
         clients train with the library's loop (`fedgo_flwr.client.register` adds it): `start`
         then needs "lr", "local-epochs" and "optimizer" in train_config.
     observers : Iterable[Callable[[RoundReport], None]] (default: ())
-        Called with each round's `RoundReport` once the round is aggregated.
+        Called with each round's `RoundReport` once the round is aggregated (and the pre-FL
+        stage's, round 0); one with `started(strategy)`, `evaluated(round, metrics)` or
+        `finished()` hears those too (fedgo_flwr.observers: TensorBoard, MLflow).
     max_failed_rounds : int | None (default: 3)
         A round whose replies are all unusable logs the first client's error; after this
         many such rounds in a row `start` raises with it (a run that cannot learn should not
@@ -134,28 +141,21 @@ class ServerUpdateFedAvg(FedAvg):
             raise ValueError(f"initial_arrays do not fit model_fn's model: {problem}")
         self.check_training(train_config or ConfigRecord())
         self.num_rounds = num_rounds
-        self.pre_fl(grid, timeout)
-        return super().start(grid=grid, initial_arrays=initial_arrays, num_rounds=num_rounds,
-                             timeout=timeout, train_config=train_config,
-                             evaluate_config=evaluate_config, evaluate_fn=evaluate_fn)
+        started(self.observers, self)  # trackers: the settings, then every round
+        try:
+            self.pre_fl(grid, timeout)
+            return super().start(grid=grid, initial_arrays=initial_arrays,
+                                 num_rounds=num_rounds, timeout=timeout,
+                                 train_config=train_config, evaluate_config=evaluate_config,
+                                 evaluate_fn=watched(self.observers, evaluate_fn))
+        finally:
+            finished(self.observers)
 
     def check_training(self, train_config: ConfigRecord) -> None:
         """Where the method's client step replaces the user's train handler, it trains as the
         user's does only if train_config says how: refuse one that does not."""
-        needed = dict.fromkeys((*self.client_training, *(
-            self.client_method.client_training if self.client_method else ())))
-        missing = [k for k in needed if k not in train_config]
-        if missing:
-            raise ValueError(
-                f"{type(self).__name__}'s clients train with the library's loop in place of "
-                f"your train handler, reading {', '.join(needed)} from "
-                f"train_config (and, where given, {', '.join(OPTIONAL_TRAINING)}); it lacks "
-                f"{', '.join(missing)}: pass what your own training uses, e.g. start(..., "
-                "train_config=ConfigRecord({'lr': 0.05, 'local-epochs': 1, 'optimizer': "
-                "'sgd'}))")
-        if "optimizer" in needed and train_config["optimizer"] not in OPTIMIZERS:
-            raise ValueError(f"train_config's optimizer is {train_config['optimizer']!r}; "
-                             f"allowed: {', '.join(OPTIMIZERS)}")
+        training_problem(type(self).__name__, (*self.client_training, *(
+            self.client_method.client_training if self.client_method else ())), train_config)
 
     def pre_fl(self, grid: Grid, timeout: float) -> None:
         """What runs before round 1 (FedGO: generator out, discriminators back)."""
@@ -170,24 +170,37 @@ class ServerUpdateFedAvg(FedAvg):
         self.grid = grid  # what the guard and late stages send through
         if self.fraction_train == 0.0:
             return []
-        _, nodes = sample_nodes(grid, self.min_available_nodes, 0)
-        keys = self.client_keys.keys(grid, nodes)
-        by_key = {k: n for n, k in keys.items()}
-        chosen = sample_clients(by_key, self.fraction_train, self.seed, server_round,
-                                self.min_train_nodes)
-        self.sampled = {by_key[k]: k for k in chosen}
-        log(INFO, "configure_train: sampled clients %s (of %d)", chosen, len(by_key))
+        pool, absent = self.candidates(grid)
+        chosen = sample_clients(pool, self.fraction_train, self.seed, server_round,
+                                self.min_train_nodes, absent)
+        self.sampled = {pool[k]: k for k in chosen}
+        log(INFO, "configure_train: sampled clients %s (of %d)", chosen, len(pool))
         # the round's client seed where the caller gives none (a copy: Flower passes the
         # caller's record every round)
         extra, settings = self.train_payload(server_round, arrays)
         config = ConfigRecord({"seed": round_seed(self.seed, server_round), **config,
                                "server-round": server_round, **settings})
-        record = RecordDict({self.arrayrecord_key: arrays, **extra,
-                             self.configrecord_key: config})
         kind = (self.client_method.message_type
                 if self.client_method is not None and self.train_type == "train"
                 else self.train_type)
-        return [Message(record, dst_node_id=n, message_type=kind) for n in self.sampled]
+        return [Message(RecordDict({self.arrayrecord_key: self.arrays_for(k, arrays), **extra,
+                                    self.configrecord_key: config}),
+                        dst_node_id=n, message_type=kind) for n, k in self.sampled.items()]
+
+    def candidates(self, grid: Grid) -> tuple[dict, set]:
+        """The clients a round samples from, {key: node id}, and the keys it skips while
+        still counting them in K (`sample_clients`' `absent`): every connected node's key,
+        none skipped. An app that keeps its own directory of clients overrides it."""
+        _, nodes = sample_nodes(grid, self.min_available_nodes, 0)
+        return {k: n for n, k in self.client_keys.keys(grid, nodes).items()}, set()
+
+    def arrays_for(self, key: object, arrays: ArrayRecord) -> ArrayRecord:
+        """The model client `key` is sent: the global one (or its architecture's part)."""
+        return arrays
+
+    def template_of(self, key: object) -> dict[str, torch.Tensor]:
+        """The arrays (names, shapes) of client `key`'s model: the global model's."""
+        return self.template
 
     def train_payload(self, server_round: int, arrays: ArrayRecord
                       ) -> tuple[dict[str, ArrayRecord], dict]:
@@ -227,36 +240,49 @@ class ServerUpdateFedAvg(FedAvg):
         """The client's stable key (the node id where none is known)."""
         return self.sampled.get(node_id, node_id)
 
-    def extra_arrays(self, server_round: int) -> tuple[str, ...]:
-        """The ArrayRecords a train reply carries besides the model (DaFKD's)."""
-        return ()
+    def extra_arrays(self, server_round: int) -> dict[str, dict[str, torch.Tensor] | None]:
+        """The ArrayRecords a train reply carries besides the model: name -> the arrays
+        (names, shapes) it must have, or None where the method checks it itself (DaFKD's
+        head and G, FedTGP's prototypes), and the clients' method's."""
+        return self.client_method.reply_templates() if self.client_method else {}
 
-    def reply_problem(self, reply: Message, extras: tuple[str, ...] = ()) -> str | None:
-        """Why a train reply cannot be used, or None; a method adds checks of its own."""
-        content = reply.content
+    def node_of(self, reply: Message) -> int:
+        """The node a reply answers for (an app's grid may attribute errors of its own)."""
+        return reply.metadata.src_node_id
+
+    def reply_problem(self, reply: Message, extras: dict | None = None) -> str | None:
+        """Why a train reply cannot be used, or None: one MetricRecord with a positive n_k,
+        the model fitting `template_of` its client, each of `extras` (`extra_arrays`) there
+        and fitting its template; a method adds checks of its own."""
+        content, extras = reply.content, extras or {}
         if len(content.metric_records) != 1:
             return f"{len(content.metric_records)} MetricRecords, expected one"
         (metrics,) = content.metric_records.values()
         missing = [k for k in (self.arrayrecord_key, *extras) if k not in content.array_records]
         if missing:
             return f"no ArrayRecord {missing}"
+        template = self.template_of(self.key_of(self.node_of(reply)))
         return (examples_problem(metrics, self.weighted_by_key)
-                or state_problem(content.array_records[self.arrayrecord_key], self.template)
-                or (self.client_method.reply_problem(reply) if self.client_method else None))
+                or state_problem(content.array_records[self.arrayrecord_key], template)
+                or next((f"{name}: {why}" for name, t in extras.items() if t is not None
+                         and (why := state_problem(content.array_records[name], t))), None))
 
     def client_models(self, server_round: int, replies: Iterable[Message]
                       ) -> list[ClientModel]:
-        """The usable train replies; each other is logged with why it is left out."""
+        """The usable train replies; each other is logged with why it is left out (those
+        of error replies start with `FAILED`)."""
         models, seen = [], set()
-        extras = (*self.extra_arrays(server_round),
-                  *(self.client_method.reply_templates() if self.client_method else ()))
+        extras = self.extra_arrays(server_round)
         self.left_out: dict[int, str] = {}
         for reply in replies:
-            node = reply.metadata.src_node_id
-            why = ("failed: " + str(reply.error.reason) if reply.has_error()
+            node = self.node_of(reply)
+            why = (FAILED + str(reply.error.reason) if reply.has_error()
+                   else "not sampled this round" if node not in self.sampled
                    else "duplicate reply" if node in seen else self.reply_problem(reply, extras))
             if why:
-                log(WARNING, "train reply of node %d left out: %s", node, why)
+                key = self.sampled.get(node, node)
+                log(WARNING, "train reply of node %d%s left out: %s", node,
+                    f" (client {key})" if key != node else "", why)
                 self.left_out.setdefault(node, why)
                 continue
             seen.add(node)
@@ -285,9 +311,10 @@ class ServerUpdateFedAvg(FedAvg):
         report = RoundReport(server_round, dict(self.sampled), models, self.left_out, None,
                              None, {}, bytes={"up": payload_bytes(replies)})
         if models:
-            contents = [m.content for m in models]
-            report.averaged = self.aggregate_fn(contents, self.weighted_by_key)
-            metrics = self.train_metrics_aggr_fn(contents, self.weighted_by_key)
+            report.averaged = self.combine(server_round, models)
+        if report.averaged is not None:
+            metrics = self.train_metrics_aggr_fn([m.content for m in models],
+                                                 self.weighted_by_key)
             self.method_step(server_round, report)
             report.arrays, info = self.server_update(server_round, report.averaged, models,
                                                      report)
@@ -296,7 +323,11 @@ class ServerUpdateFedAvg(FedAvg):
                 metrics[key] = value
             report.metrics = dict(metrics)
         self.notify(report)
-        return (report.arrays, metrics) if models else (None, None)
+        return (report.arrays, metrics) if report.averaged is not None else (None, None)
+
+    def combine(self, server_round: int, models: list[ClientModel]) -> ArrayRecord | None:
+        """The usable models combined by `aggregate_fn` (None: the global model stays)."""
+        return self.aggregate_fn([m.content for m in models], self.weighted_by_key)
 
     def count_failure(self, server_round: int, replies: list[Message],
                       models: list[ClientModel]) -> None:

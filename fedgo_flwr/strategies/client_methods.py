@@ -29,7 +29,6 @@ from flwr.app import ArrayRecord, Message, RecordDict
 from torch import nn
 
 from fedgo_flwr.inputs import labelled
-from fedgo_flwr.replies import state_problem
 from fedgo_flwr.strategies.base import ClientModel
 from fedgo_flwr.strategies.messages import CLIENT_TRAINING, METHOD_KEY, message_seed, model_reply
 from fedgo_flwr.strategies.label_counts import train_as_configured
@@ -81,12 +80,6 @@ class ClientMethod:
         """name -> the arrays (names, shapes) of each ArrayRecord a train reply carries
         besides the model."""
         return {}
-
-    def reply_problem(self, reply: Message) -> str | None:
-        """Why a train reply's arrays of this method are unusable, or None."""
-        records = reply.content.array_records
-        return next((f"{name}: {why}" for name, template in self.reply_templates().items()
-                     if (why := state_problem(records.get(name), template))), None)
 
     def server_step(self, server_round: int, averaged: ArrayRecord, models: list[ClientModel]
              ) -> tuple[ArrayRecord, dict[str, float]]:

@@ -193,8 +193,13 @@ class DaFKD(EnsembleDistillation):
                          "generator-width": self.generator.dim, "gan-lr": self.gan_lr})
         return extra, settings
 
-    def extra_arrays(self, server_round: int) -> tuple[str, ...]:
-        return (HEAD, GENERATOR) if self.trains_generator(server_round) else (HEAD,)
+    def extra_arrays(self, server_round: int) -> dict:
+        """The clients' method's, D_k's head and, in the generator rounds, G: each shaped
+        as the server's."""
+        need = {**super().extra_arrays(server_round), HEAD: self.head.state_dict()}
+        if self.trains_generator(server_round):
+            need[GENERATOR] = self.generator.state_dict()
+        return need
 
     def server_update(self, server_round, averaged, models, report):
         """The heads and (in the generator rounds) G averaged by n_k, then the shared

@@ -145,6 +145,8 @@ class FedGO(EnsembleDistillation):
             start = time.perf_counter()
             self.generator = self.train_generator()
             report.seconds["generator_training"] = time.perf_counter() - start
+        if hasattr(self.generator, "curve"):  # a G trained here: its WGAN-GP loss curve
+            report.details["generator_curve"] = self.generator.curve
         _, nodes = sample_nodes(grid, self.min_available_nodes, 0)
         report.sampled = self.client_keys.keys(grid, nodes)
         log(INFO, "pre-FL: sending the %s to %d clients for their discriminators",
@@ -332,7 +334,7 @@ def discriminator_update(message: Message, data, *, device: str | torch.device =
     `discriminator_fn` and `generator_fn` build the server's own D_k and G, where it has
     its own (FedGO's `discriminator_fn`, its `generator`'s maker). The reply holds
     ArrayRecord "discriminator" and MetricRecord "metrics" (num-examples, discriminator-loss,
-    discriminator-seconds, and with calibration odds-scale and odds-shift)."""
+    -train-acc (its last pass's) and -seconds; with calibration odds-scale, odds-shift)."""
     conf, device = message.content.config_records["config"], torch.device(device)
     x = images_of(data)
     negatives = received_negatives(message, tuple(x.shape[1:]), bool(conf["flip"]), device,

@@ -164,13 +164,13 @@ class FedTGP(ServerUpdateFedAvg):
     def settings(self) -> dict:
         return {"prototype-weight": self.lam, "num-classes": self.num_classes}
 
-    def extra_arrays(self, server_round: int) -> tuple[str, ...]:
-        return (LOCAL,)
+    def extra_arrays(self, server_round: int) -> dict:
+        return {**super().extra_arrays(server_round), LOCAL: None}  # prototypes_problem
 
-    def reply_problem(self, reply: Message, extras: tuple[str, ...] = ()) -> str | None:
+    def reply_problem(self, reply: Message, extras: dict | None = None) -> str | None:
         """FedAvg's checks, and the client's prototypes."""
         return super().reply_problem(reply, extras) or (
-            self.prototypes_problem(reply) if LOCAL in extras else None)
+            self.prototypes_problem(reply) if LOCAL in (extras or {}) else None)
 
     def prototypes_problem(self, reply: Message) -> str | None:
         """Why a reply's prototypes cannot be used: [C, D] finite, counts [C] >= 0."""

@@ -92,7 +92,7 @@ class LabelCountFedAvg(ServerUpdateFedAvg):
         return extra, {**settings, "num-classes": self.num_classes}
 
     # --- the round
-    def reply_problem(self, reply: Message, extras: tuple[str, ...] = ()) -> str | None:
+    def reply_problem(self, reply: Message, extras: dict | None = None) -> str | None:
         """FedAvg's checks, and c_k: C non-negative integers summing to n_k."""
         return super().reply_problem(reply, extras) or label_counts_problem(
             next(iter(reply.content.metric_records.values())), self.num_classes,

@@ -10,6 +10,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from torch import nn
 
 from fedgo_flwr.seeds import client_seed
+from fedgo_flwr.train import OPTIMIZERS
 
 METHOD_KEY = "client-method"  # the train config's entry naming the clients' method
 # what the library's client loop must be told (`client_training`), and what else it reads,
@@ -17,6 +18,23 @@ METHOD_KEY = "client-method"  # the train config's entry naming the clients' met
 CLIENT_TRAINING = ("lr", "local-epochs", "optimizer")
 OPTIONAL_TRAINING = ("batch-size (64)", "momentum (0.9)", "flip (false)", "random-crop (0)",
                      "train-loss-key ('train-loss')")
+
+
+def training_problem(strategy: str, keys: Iterable[str], train_config: ConfigRecord) -> None:
+    """Raise unless train_config tells the library's client loop, which replaces the user's
+    train handler, how to train as the user's does (`keys`: what it must be told)."""
+    needed = dict.fromkeys(keys)
+    missing = [k for k in needed if k not in train_config]
+    if missing:
+        raise ValueError(
+            f"{strategy}'s clients train with the library's loop in place of your train "
+            f"handler, reading {', '.join(needed)} from train_config (and, where given, "
+            f"{', '.join(OPTIONAL_TRAINING)}); it lacks {', '.join(missing)}: pass what your "
+            "own training uses, e.g. start(..., train_config=ConfigRecord({'lr': 0.05, "
+            "'local-epochs': 1, 'optimizer': 'sgd'}))")
+    if "optimizer" in needed and train_config["optimizer"] not in OPTIMIZERS:
+        raise ValueError(f"train_config's optimizer is {train_config['optimizer']!r}; "
+                         f"allowed: {', '.join(OPTIMIZERS)}")
 
 
 def retyped(messages: Iterable[Message], message_type: str, arrays: dict[str, ArrayRecord],

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 import torch
 from flwr.app import ArrayRecord, RecordDict
 
+from fedgo_flwr.replies import FAILED  # noqa: F401 (the round's reasons, with the round)
+
 
 @dataclass
 class ClientModel:

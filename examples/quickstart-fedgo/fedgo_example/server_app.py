@@ -14,6 +14,7 @@ from flwr.serverapp import Grid, ServerApp
 from fedgo_example.task import Net, server_data, test
 from fedgo_flwr import EnsembleDistillation
 from fedgo_flwr import FedGO as Strategy
+from fedgo_flwr.observers import TensorBoardTracker
 from fedgo_flwr.presets import AS_PUBLISHED as PRESET
 
 app = ServerApp()
@@ -43,9 +44,13 @@ def main(grid: Grid, context: Context) -> None:
     distilling = dict(unlabeled_data=u, distill_epochs=cfg["distill-epochs"],
                       distill_batch_size=cfg["distill-batch-size"], **PRESET) if issubclass(
         Strategy, EnsembleDistillation) else {}
+    # Watch it in TensorBoard (`flwr run . --run-config 'tensorboard-dir="runs"'`, then
+    # `tensorboard --logdir runs`; needs `pip install 'fedgo-flwr[tensorboard]'`)
+    watch = [TensorBoardTracker(cfg["tensorboard-dir"], params=dict(cfg))] \
+        if cfg["tensorboard-dir"] else []
     strategy = Strategy(model_fn=Net, fraction_train=cfg["fraction-train"],
-                        fraction_evaluate=cfg["fraction-evaluate"], **distilling,
-                        **own_settings(cfg, Strategy))
+                        fraction_evaluate=cfg["fraction-evaluate"], observers=watch,
+                        **distilling, **own_settings(cfg, Strategy))
 
     def central_evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
         model = Net()

@@ -1,0 +1,66 @@
+"""Same rounds before and after a change: eighteen small configurations (every strategy,
+FedGO on SCAFFOLD's clients, mixed architectures, two attacks; 3 rounds, 4 clients, the tests'
+tiny Fashion-MNIST) through the apps of the checkout on PYTHONPATH, each run's per-round
+accuracies, losses and reply tallies written to OUT.json; `--compare A.json B.json` prints
+every difference.
+
+    git worktree add /tmp/before <commit>
+    PYTHONPATH=/tmp/before python fedgo_lab/same_rounds.py before.json /tmp/before
+    PYTHONPATH=. python fedgo_lab/same_rounds.py after.json .
+    python fedgo_lab/same_rounds.py --compare before.json after.json
+"""
+import json
+import sys
+
+if sys.argv[1] == "--compare":
+    a, b = (json.load(open(p)) for p in sys.argv[2:4])
+    diffs = [(k, ra, rb) for k in a for ra, rb in zip(a[k], b.get(k, [])) if ra != rb]
+    for k, ra, rb in diffs:
+        print("differs:", k, ra, rb)
+    print(f"{len(a)} configurations, {len(diffs)} rounds differ")
+    sys.exit(1 if diffs else 0)
+sys.path.insert(0, sys.argv[2] + "/tests")
+import torch
+torch.set_num_threads(1)
+from pathlib import Path
+from conftest import write_tiny_fmnist
+from fedgo_app.config import Config
+from client_app.app import app as client_app
+from fedgo_lab.inprocess import InProcessGrid
+from server_app.app import run
+
+root = Path("/tmp/parity-data")
+if not (root / "FashionMNIST").exists():
+    write_tiny_fmnist(root / "FashionMNIST" / "raw")
+out = sys.argv[1]
+base = dict(data_dir=str(root), results_dir=f"/tmp/parity-res-{Path(out).stem}", num_server_rounds=3,
+            fraction_train=0.5, local_epochs=1, server_epochs=1, generator_steps=2,
+            discriminator_epochs=1, distill_size=0, test_size=0, generator_width=8,
+            discriminator_width=8, alpha=0.5, model="mlp")
+CASES = {
+    "fedavg": {}, "fedprox": dict(strategy="fedprox"), "feddf": dict(strategy="feddf"),
+    "fedgo": dict(strategy="fedgo"),
+    "best": dict(strategy="fedprox", fedprox_base="fedgo", discriminator_calibration="platt",
+                 calibration_fraction=0.1, ensemble_space="probabilities",
+                 distillation_guard="clients", distill_budget="disagreement", budget_probe=64,
+                 past_teachers=3),
+    "dafkd": dict(strategy="dafkd", dafkd_gan_rounds=1), "fedgen": dict(strategy="fedgen", model="cnn"),
+    "fedbpg": dict(strategy="fedbpg", model="cnn", personal_test_fraction=0.25), "fedtgp": dict(strategy="fedtgp", model="cnn"),
+    "feddisco": dict(strategy="feddisco"), "scaffold": dict(strategy="scaffold"),
+    "feduv": dict(strategy="feduv"), "fedgkd": dict(strategy="fedgkd"),
+    "fedgo+scaffold": dict(strategy="fedgo", client_method="scaffold"),
+    "mixed-fedgo": dict(strategy="fedgo", client_models="mlp:0.5,cnn:0.5"),
+    "mixed-fedavg": dict(strategy="fedavg", client_models="mlp:0.5,cnn:0.5"),
+    "krum-alie": dict(aggregator="krum", attack="alie", byzantine_clients=1, fraction_train=1.0),
+    "signflip": dict(attack="sign-flip", byzantine_clients=1, fraction_train=1.0, aggregator="median"),
+}
+only = sys.argv[3:] or list(CASES)
+results = {}
+for name in only:
+    cfg = Config().replace(**{**base, "run_name": name.replace("+", "-"), **CASES[name]})
+    path = run(InProcessGrid(client_app, cfg.to_run_config(), 4), cfg)
+    rec = json.loads(path.read_text())
+    results[name] = [(r["round"], r.get("server_test_acc"), r.get("server_test_loss"), r.get("train_loss"),
+                      r.get("ensemble_test_acc"), r.get("replies")) for r in rec["rounds"]]
+    print(name, results[name][-1][:4], flush=True)
+json.dump(results, open(out, "w"), indent=1, default=str)
