@@ -142,8 +142,7 @@ class TensorBoardTracker(Tracker):
         except ImportError as err:
             raise ImportError("TensorBoardTracker needs the tensorboard package: pip install "
                               "'fedgo-flwr[tensorboard]'") from err
-        self.writer = SummaryWriter(str(log_dir))
-        self.log_dir = Path(log_dir)
+        self.writer, self.settings = SummaryWriter(str(log_dir)), None
 
     def write(self, values, step):
         for name, value in values.items():
@@ -155,7 +154,7 @@ class TensorBoardTracker(Tracker):
 
     def close(self):
         """The settings into TensorBoard's HPARAMS table, against the last evaluation."""
-        if getattr(self, "settings", None) is not None:
+        if self.settings is not None:
             self.writer.add_hparams(self.settings, {f"hparam/{k}": v for k, v in
                                                     self.last.items()}, run_name=".")
         self.writer.flush()

@@ -242,8 +242,8 @@ class ServerUpdateFedAvg(FedAvg):
 
     def extra_arrays(self, server_round: int) -> dict[str, dict[str, torch.Tensor] | None]:
         """The ArrayRecords a train reply carries besides the model: name -> the arrays
-        (names, shapes) it must have, or None where the method checks it itself (DaFKD's
-        head and G, FedTGP's prototypes), and the clients' method's."""
+        (names, shapes) it must have (DaFKD's head and G), or None where the method checks
+        it itself (FedTGP's prototypes), and the clients' method's."""
         return self.client_method.reply_templates() if self.client_method else {}
 
     def node_of(self, reply: Message) -> int:
