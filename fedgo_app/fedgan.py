@@ -22,9 +22,10 @@ from fedgo_app.generators import new_generator
 from fedgo_flwr.models import Critic, Generator
 from fedgo_flwr.seeds import client_seed, round_seed
 from fedgo_app.server.clients import config_record
+from fedgo_app.server.record import reply_tally
 from fedgo_flwr.sampling import sample_clients
 from fedgo_flwr.aggregation import mean
-from fedgo_flwr.replies import examples_problem, payload_bytes, state_problem
+from fedgo_flwr.replies import arrays_problem, examples_problem, payload_bytes
 from fedgo_flwr.strategies.rounds import FAILED
 
 TRAIN_FEDGAN = "train.fedgan"
@@ -81,25 +82,22 @@ def checked(strategy, replies: list[Message], expected: dict[int, int], template
     """The usable FedGAN replies, (partition, arrays, metrics) in partition order, and the
     tally of the partitions asked (missing, failed, rejected with the reason, usable): each
     must carry G and the critic shaped as sent and a positive num-examples."""
-    usable, tally = {}, {"asked": len(expected), "missing": [], "failed": {}, "rejected": {}}
+    usable, left = {}, {}
     for reply in replies:
         pid = expected.get(strategy.mailbox.node_of(reply))
-        if pid is None or pid in usable or str(pid) in tally["failed"] | tally["rejected"]:
+        if pid is None or pid in usable or str(pid) in left:
             continue
-        why = (FAILED + str(reply.error.reason) if reply.has_error() else next(
-            (f"{k}: {w}" for k, t in templates.items()
-             if (w := state_problem(reply.content.array_records.get(k), t))), None)
-            or examples_problem(reply.content.metric_records.get("metrics"), "num-examples"))
+        why = (FAILED + str(reply.error.reason) if reply.has_error() else
+               arrays_problem(reply.content.array_records, templates)
+               or examples_problem(reply.content.metric_records.get("metrics"), "num-examples"))
         if why:
             log(WARNING, "pre-FL: FedGAN reply of partition %d left out: %s", pid, why)
-            tally["failed" if reply.has_error() else "rejected"][str(pid)] = why
+            left[str(pid)] = why
         else:
             usable[pid] = (pid, reply.content.array_records,
                            dict(reply.content.metric_records["metrics"]))
-    tally["missing"] = sorted(set(expected.values()) - set(usable) - {
-        int(p) for p in tally["failed"] | tally["rejected"]})
-    tally["usable"] = len(usable)
-    return [usable[p] for p in sorted(usable)], tally
+    return ([usable[p] for p in sorted(usable)],
+            reply_tally(list(expected.values()), list(usable), left))
 
 
 def fedgan_steps(num_examples: int, epochs: int, batch_size: int, critic_steps: int) -> int:

@@ -69,8 +69,14 @@ def mean_of_replies(contents: list[RecordDict], weighted_by_key: str) -> ArrayRe
     Flower's `aggregate_arrayrecords` sums in float32; the benchmarks' records were made
     with this mean."""
     states = [next(iter(c.array_records.values())).to_torch_state_dict() for c in contents]
-    weights = [next(iter(c.metric_records.values()))[weighted_by_key] for c in contents]
+    weights = [reply_weight(c, weighted_by_key) for c in contents]
     return ArrayRecord(mean(states, weights, states[0]))
+
+
+def reply_weight(content: RecordDict, weighted_by_key: str) -> float:
+    """A reply's averaging weight: its one MetricRecord's `weighted_by_key` (n_k; FedDisco's
+    p_k)."""
+    return next(iter(content.metric_records.values()))[weighted_by_key]
 
 
 def cast_like(value: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:

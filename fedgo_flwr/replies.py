@@ -29,6 +29,13 @@ def state_problem(arrays: ArrayRecord | None, template: dict[str, torch.Tensor])
     return None
 
 
+def arrays_problem(records, templates: dict[str, dict[str, torch.Tensor] | None]) -> str | None:
+    """Why one of the reply's ArrayRecords `records` named in `templates` does not fit its
+    template (None: any content), or None."""
+    return next((f"{name}: {why}" for name, t in templates.items() if t is not None
+                 and (why := state_problem(records.get(name), t))), None)
+
+
 def examples_problem(metrics: MetricRecord | None, key: str) -> str | None:
     value = None if metrics is None else metrics.get(key)
     if (not isinstance(value, (int, float)) or isinstance(value, bool)

@@ -60,8 +60,7 @@ class Averaging:
         aggregation = entry.get("aggregation", {})
         for a in self.architectures.names:
             group = [m for m in models if self.architectures.of(m.key) == a]
-            weights = [next(iter(m.content.metric_records.values()))[weighted_by_key]
-                       for m in group]
+            weights = [m.weight(weighted_by_key) for m in group]
             result = aggregate([m.state for m in group], weights, templates[a],
                                self.cfg.aggregation) if group else None
             if result is None:

@@ -9,6 +9,8 @@ from collections import defaultdict
 from datetime import datetime, timezone
 from pathlib import Path
 
+from fedgo_flwr.replies import FAILED
+
 # Columns of the per-round table: record key -> (header, format).
 COLUMNS = {
     "round": ("round", "{:>5d}"),
@@ -99,6 +101,17 @@ def _plain(obj):
     if hasattr(obj, "item"):
         return obj.item()
     raise TypeError(f"not JSON-serialisable: {type(obj)}")
+
+
+def reply_tally(asked, usable, left: dict[str, str]) -> dict:
+    """The record's tally of a round's replies by partition: `asked` and `usable` partition
+    ids, `left` {partition: why left out}: failed (an error reply: the node or its ClientApp
+    failed), rejected (the checks left it out), missing (no reply in time)."""
+    failed = {p: why for p, why in left.items() if why.startswith(FAILED)}
+    answered = {*map(int, left), *usable}
+    return {"asked": len(asked), "missing": sorted(p for p in asked if p not in answered),
+            "failed": failed, "rejected": {p: w for p, w in left.items() if p not in failed},
+            "usable": len(usable)}
 
 
 def round_line(entry: dict) -> str:

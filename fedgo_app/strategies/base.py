@@ -27,14 +27,14 @@ from fedgo_app.server.averaging import Averaging
 from fedgo_app.server.clients import MIN_CLIENTS, ClientDirectory, config_record
 from fedgo_app.server.evaluation import Evaluation
 from fedgo_app.server.membership import Membership, RoundGrid
-from fedgo_app.server.record import RunRecord
+from fedgo_app.server.record import RunRecord, reply_tally
 from fedgo_app.server.setup import ServerSetup
 from fedgo_app.strategies.clients import CLIENT
 from fedgo_app.strategies.registry import StrategySpec
 from fedgo_flwr.keys import ConfigError
 from fedgo_flwr.replies import payload_bytes
 from fedgo_flwr.strategies.base import ServerUpdateFedAvg
-from fedgo_flwr.strategies.rounds import FAILED, ClientModel, RoundReport
+from fedgo_flwr.strategies.rounds import ClientModel, RoundReport
 
 
 __all__ = ["CLIENT", "FEDAVG", "FedAvgStrategy", "RoundGrid", "ServerSetup"]
@@ -244,28 +244,22 @@ class FedAvgStrategy(ServerUpdateFedAvg):
     def record_round(self, report: RoundReport) -> None:
         """The round's replies tallied by partition (missing: no reply in time; failed: an
         error reply, the node or its ClientApp failed; rejected: one the checks left out),
-        its train loss weighted as the models are averaged (by n_k; FedDisco's by p_k) and the clients' own compute (their sum, apart from
-        waiting and transfer); who missed it is absent from sampling. (The pre-FL stage's
+        its train loss weighted as the models are averaged (by n_k; FedDisco's by p_k) and
+        the clients' own compute (their sum, apart from waiting and transfer); who missed it is absent from sampling. (The pre-FL stage's
         report, round 0, is its strategy's to record.)"""
         if report.server_round == 0:
             return
         pid, usable = report.sampled, {m.node_id for m in report.clients}
         left = {str(pid[n]): why for n, why in report.left_out.items()
                 if n in pid and n not in usable}  # (not a usable reply's duplicate)
-        failed = {p: w for p, w in left.items() if w.startswith(FAILED)}
-        answered = {*map(int, left), *(m.key for m in report.clients)}
-        missing = sorted(p for p in pid.values() if p not in answered)
-        if missing:
-            log(WARNING, "no reply in time from partitions %s", missing)
-        self.record.round(report.server_round).setdefault("replies", {}).update(
-            asked=len(pid), missing=missing, failed=failed,
-            rejected={p: w for p, w in left.items() if p not in failed},
-            usable=len(report.clients))
-        self.absent.update([*missing, *map(int, failed)])
+        tally = reply_tally(pid.values(), [m.key for m in report.clients], left)
+        if tally["missing"]:
+            log(WARNING, "no reply in time from partitions %s", tally["missing"])
+        self.record.round(report.server_round).setdefault("replies", {}).update(tally)
+        self.absent.update([*tally["missing"], *map(int, tally["failed"])])
         if not report.clients:
             return
-        reported = [(next(iter(m.content.metric_records.values()))[self.weighted_by_key],
-                     m.metrics["train-loss"]) for m in report.clients
+        reported = [(m.weight(self.weighted_by_key), m.metrics["train-loss"]) for m in report.clients
                     if isinstance(m.metrics.get("train-loss"), (int, float))]
         entry = self.record.round(report.server_round)
         entry["train_loss"] = (sum(w * loss for w, loss in reported)  # weighted as averaged

@@ -31,7 +31,7 @@ from torch import nn
 from fedgo_flwr.aggregation import mean_of_replies
 from fedgo_flwr.checks import check_keywords
 from fedgo_flwr.observers import finished, started, watched
-from fedgo_flwr.replies import examples_problem, payload_bytes, state_problem
+from fedgo_flwr.replies import arrays_problem, examples_problem, payload_bytes, state_problem
 from fedgo_flwr.sampling import ClientKeys, sample_clients
 from fedgo_flwr.seeds import round_seed
 from fedgo_flwr.strategies.messages import METHOD_KEY, training_problem
@@ -264,8 +264,7 @@ class ServerUpdateFedAvg(FedAvg):
         template = self.template_of(self.key_of(self.node_of(reply)))
         return (examples_problem(metrics, self.weighted_by_key)
                 or state_problem(content.array_records[self.arrayrecord_key], template)
-                or next((f"{name}: {why}" for name, t in extras.items() if t is not None
-                         and (why := state_problem(content.array_records[name], t))), None))
+                or arrays_problem(content.array_records, extras))
 
     def client_models(self, server_round: int, replies: Iterable[Message]
                       ) -> list[ClientModel]:

@@ -122,8 +122,7 @@ class FedDisco(ServerUpdateFedAvg):
         p = self.weights_of([self.counts[m.key] for m in models],
                             [m.num_examples for m in models])
         for m, w in zip(models, p.tolist()):
-            metrics = next(iter(m.content.metric_records.values()))
-            metrics[self.weighted_by_key] = w
+            next(iter(m.content.metric_records.values()))[self.weighted_by_key] = w
         return models
 
     def weights_of(self, counts, num_examples) -> torch.Tensor:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import torch
 from flwr.app import ArrayRecord, RecordDict
 
+from fedgo_flwr.aggregation import reply_weight
 from fedgo_flwr.replies import FAILED  # noqa: F401 (the round's reasons, with the round)
 
 
@@ -27,6 +28,10 @@ class ClientModel:
     @property
     def state(self) -> dict[str, torch.Tensor]:
         return next(iter(self.content.array_records.values())).to_torch_state_dict()
+
+    def weight(self, weighted_by_key: str) -> float:
+        """The weight the model is averaged with (n_k; FedDisco's p_k)."""
+        return reply_weight(self.content, weighted_by_key)
 
 
 @dataclass
