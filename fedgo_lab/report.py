@@ -472,12 +472,23 @@ def paired_cell(diffs: list[float]) -> tuple[str, str]:
     return shown, verdict(mean, low, high, len(diffs))
 
 
+def strongest(seeds_of: dict[int, dict], against: list[str], window: int, metric: str
+              ) -> list[str]:
+    """The one baseline of `against` with the highest `metric` over the last `window` rounds
+    (its mean over the seeds it has), of one K and alpha's runs {seed: {row: record}}."""
+    scores = {other: statistics.mean(last_mean(row[other], window, metric)
+                                     for row in seeds_of.values() if other in row)
+              for other in against if any(other in row for row in seeds_of.values())}
+    return [max(scores, key=scores.get)] if scores else []
+
+
 def paired_table(records: list[dict], of: str, against: list[str], window: int = 10,
-                 metric: str = "server_test_acc") -> str:
+                 metric: str = "server_test_acc", only_strongest: bool = False) -> str:
     """Per K (the federation's clients), alpha and baseline: `metric` of row `of` minus the
     baseline's, seed by seed (same seed), over the first and the last `window` rounds (per
     seed, their mean with a 95 % interval over the seeds, and what it says: `verdict`), and
-    the rounds each takes to FedAvg's target (of that K and alpha) over those seeds."""
+    the rounds each takes to FedAvg's target (of that K and alpha) over those seeds. With
+    `only_strongest`, per K and alpha only the baseline that ends highest (`strongest`)."""
     runs: dict[tuple, dict[str, dict]] = defaultdict(dict)
     for rec in records:
         if rec["config"]["strategy"] != CENTRAL:
@@ -491,7 +502,8 @@ def paired_table(records: list[dict], of: str, against: list[str], window: int =
         seeds_of = {key[2]: row for key, row in runs.items() if key[:2] == (k, alpha)}
         target = fedavg_target([row["fedavg"] for row in seeds_of.values() if "fedavg" in row],
                                metric)
-        for other in against:
+        for other in (strongest(seeds_of, against, window, metric) if only_strongest
+                      else against):
             seeds = sorted(s for s, row in seeds_of.items() if of in row and other in row)
             if not seeds:
                 continue
@@ -773,6 +785,9 @@ def main(argv: list[str] | None = None) -> int:
                              "paired differences over the first and the last N rounds, their "
                              "mean with a 95 %% interval over the seeds, leads / level / "
                              "trails, and the rounds to FedAvg's target of both")
+    parser.add_argument("--strongest", action="store_true",
+                        help="with --paired: per K and alpha only the baseline of --against "
+                             "that ends highest (its mean over the last N rounds and its seeds)")
     parser.add_argument("--against", nargs="+", metavar="LABEL",
                         help="with --of: only these rows, in this order (default: every other "
                              "row)")
@@ -871,7 +886,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.paired:
         if not (args.of and args.against):
             parser.error("--paired needs --of ROW and --against BASELINE ...")
-        print(paired_table(records, args.of, args.against, args.paired))
+        print(paired_table(records, args.of, args.against, args.paired,
+                           only_strongest=args.strongest))
         return 0
     if args.horizon:
         print(horizon_table(records, args.horizon))

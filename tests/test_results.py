@@ -386,3 +386,7 @@ def test_paired_differences_say_leads_only_where_the_interval_is_above_zero():
     assert table[2].endswith("| level | 11.0 ± 0.0; 11.0 ± 0.0 (75%) |")
     assert table[3] == ("| - | 0.1 | fedprox | 0 | +0.00 | one seed | -5.00 | one seed "
                         "| 11.0; 11.0 (75%) |")
+    # only the baseline that ends highest (FedProx's 85 % against FedAvg's 78.5 %), the same row
+    strongest = paired_table(records, "fedgo", ["fedavg", "fedprox"], window=10,
+                             only_strongest=True).splitlines()
+    assert strongest[2:] == [table[3]]
