@@ -8,7 +8,8 @@ TensorBoard or MLflow while it runs.
 Per round (the step is the round): the metrics the round returns (the clients' train loss,
 the server update's: distillation loss, the guard's choice, ...) and any an observer before
 this one added (the app's ensemble score and diagnostics), the seconds of each stage, bytes,
-the clients sampled, usable, failed and rejected; after `evaluate_fn`, what it returned (the
+the clients sampled, usable, failed and rejected, and the left-out replies counted by
+reason (`reason_kind`); after `evaluate_fn`, what it returned (the
 server's accuracy and loss). The pre-FL stage (round 0): its seconds and bytes, each D_k's
 accuracy and loss (step: the client's key) and the generator's loss curve (step: its step).
 At `start`, the strategy's settings (its numbers, strings and flags) and `params` as
@@ -49,13 +50,24 @@ def numbers(prefix: str, tree: Mapping) -> dict[str, float]:
     return out
 
 
+def reason_kind(why: str) -> str:
+    """What a left-out reply's reason is about, for counting: the reason before its first
+    colon, numbers as N ("failed", "no ArrayRecord ['arrays']", "N MetricRecords, expected
+    one", "arrays" for an array that does not fit)."""
+    return re.sub(r"-?\d+(\.\d+)?", "N", why.split(":")[0]).strip()[:60]
+
+
 def round_values(report: RoundReport) -> dict[str, float]:
     """What a tracker shows of one round (see the module's docstring)."""
     failed = sum(why.startswith(FAILED) for why in report.left_out.values())
+    why_counts: dict[str, float] = {}
+    for why in report.left_out.values():
+        kind = f"clients/left-out/{reason_kind(why)}"
+        why_counts[kind] = why_counts.get(kind, 0.0) + 1
     return {**numbers("round", report.metrics), **numbers("seconds", report.seconds),
             **numbers("bytes", report.bytes), "clients/sampled": float(len(report.sampled)),
             "clients/usable": float(len(report.clients)), "clients/failed": float(failed),
-            "clients/rejected": float(len(report.left_out) - failed)}
+            "clients/rejected": float(len(report.left_out) - failed), **why_counts}
 
 
 def stage_series(report: RoundReport) -> dict[str, dict[int, float]]:

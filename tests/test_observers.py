@@ -134,3 +134,16 @@ def test_a_missing_package_names_its_extra_before_the_run(tiny_config, tmp_path,
     with pytest.raises(ImportError, match="tensorboard"):
         run(grid, cfg)
     assert not grid.sent  # before discovery and the pre-FL stage
+
+
+def test_left_out_replies_are_counted_by_reason():
+    from fedgo_flwr.observers import round_values
+    from fedgo_flwr.strategies.rounds import RoundReport
+    report = RoundReport(3, {1: 1, 2: 2, 3: 3, 4: 4}, [], {
+        1: "failed: node 1 lost", 2: "failed: timeout", 3: "arrays: fc.weight has shape (3, 2), "
+        "expected (10, 2)", 4: "metric 'num-examples' is -5, not a positive number"},
+        None, None, {})
+    values = round_values(report)
+    assert values["clients/failed"] == 2 and values["clients/rejected"] == 2
+    assert values["clients/left-out/failed"] == 2 and values["clients/left-out/arrays"] == 1
+    assert values["clients/left-out/metric 'num-examples' is N, not a positive number"] == 1
