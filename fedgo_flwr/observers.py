@@ -224,11 +224,11 @@ class MLflowTracker(Tracker):
             time.sleep(0.05)
 
 
-def started(observers, strategy) -> None:
-    """Tell each observer that can hear it that `start` begins."""
+def tell(observers, hook: str, *args) -> None:
+    """Call `hook` (`started`, `evaluated`, `finished`) on each observer that has it."""
     for observe in observers:
-        if hasattr(observe, "started"):
-            observe.started(strategy)
+        if hasattr(observe, hook):
+            getattr(observe, hook)(*args)
 
 
 def watched(observers, evaluate_fn):
@@ -238,14 +238,6 @@ def watched(observers, evaluate_fn):
 
     def evaluate(server_round, arrays):
         metrics = evaluate_fn(server_round, arrays)
-        for observe in observers:
-            if hasattr(observe, "evaluated"):
-                observe.evaluated(server_round, metrics)
+        tell(observers, "evaluated", server_round, metrics)
         return metrics
     return evaluate
-
-
-def finished(observers) -> None:
-    for observe in observers:
-        if hasattr(observe, "finished"):
-            observe.finished()

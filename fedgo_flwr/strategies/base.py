@@ -30,7 +30,7 @@ from torch import nn
 
 from fedgo_flwr.aggregation import mean_of_replies
 from fedgo_flwr.checks import check_keywords
-from fedgo_flwr.observers import finished, started, watched
+from fedgo_flwr.observers import tell, watched
 from fedgo_flwr.replies import arrays_problem, examples_problem, payload_bytes, state_problem
 from fedgo_flwr.sampling import ClientKeys, sample_clients
 from fedgo_flwr.seeds import round_seed
@@ -141,7 +141,7 @@ class ServerUpdateFedAvg(FedAvg):
             raise ValueError(f"initial_arrays do not fit model_fn's model: {problem}")
         self.check_training(train_config or ConfigRecord())
         self.num_rounds = num_rounds
-        started(self.observers, self)  # trackers: the settings, then every round
+        tell(self.observers, "started", self)  # trackers: the settings, then every round
         try:
             self.pre_fl(grid, timeout)
             return super().start(grid=grid, initial_arrays=initial_arrays,
@@ -149,7 +149,7 @@ class ServerUpdateFedAvg(FedAvg):
                                  train_config=train_config, evaluate_config=evaluate_config,
                                  evaluate_fn=watched(self.observers, evaluate_fn))
         finally:
-            finished(self.observers)
+            tell(self.observers, "finished")
 
     def check_training(self, train_config: ConfigRecord) -> None:
         """Where the method's client step replaces the user's train handler, it trains as the
