@@ -245,8 +245,9 @@ class FedAvgStrategy(ServerUpdateFedAvg):
         """The round's replies tallied by partition (missing: no reply in time; failed: an
         error reply, the node or its ClientApp failed; rejected: one the checks left out),
         its train loss weighted as the models are averaged (by n_k; FedDisco's by p_k) and
-        the clients' own compute (their sum, apart from waiting and transfer); who missed it is absent from sampling. (The pre-FL stage's
-        report, round 0, is its strategy's to record.)"""
+        the clients' own compute (their sum, apart from waiting and transfer); who missed it
+        is absent from sampling. (The pre-FL stage's report, round 0, is its strategy's to
+        record.)"""
         if report.server_round == 0:
             return
         pid, usable = report.sampled, {m.node_id for m in report.clients}
@@ -259,7 +260,8 @@ class FedAvgStrategy(ServerUpdateFedAvg):
         self.absent.update([*tally["missing"], *map(int, tally["failed"])])
         if not report.clients:
             return
-        reported = [(m.weight(self.weighted_by_key), m.metrics["train-loss"]) for m in report.clients
+        reported = [(m.weight(self.weighted_by_key), m.metrics["train-loss"])
+                    for m in report.clients
                     if isinstance(m.metrics.get("train-loss"), (int, float))]
         entry = self.record.round(report.server_round)
         entry["train_loss"] = (sum(w * loss for w, loss in reported)  # weighted as averaged
