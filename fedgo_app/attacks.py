@@ -31,7 +31,7 @@ from typing import Callable
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, Message
+from flwr.app import ArrayRecord, Message, RecordDict
 
 from fedgo_app.client_context import Local, config_of
 from fedgo_flwr.seeds import client_seed
@@ -41,6 +41,7 @@ from fedgo_flwr.strategies.fedgen import TRAIN_FEDGEN
 from fedgo_flwr.strategies.fedgkd import TRAIN_FEDGKD
 from fedgo_flwr.strategies.fedtgp import TRAIN_FEDTGP
 from fedgo_flwr.strategies.feduv import TRAIN_FEDUV
+from fedgo_flwr.strategies.rounds import ClientModel
 from fedgo_flwr.strategies.scaffold import TRAIN_SCAFFOLD
 
 # Every message type that trains the classifier: what a Byzantine client lies in.
@@ -104,6 +105,28 @@ def colluded(attack: str, s: float, states: list[dict[str, torch.Tensor]], liars
         crafted[n] = sent[n] + vector[start:start + size].reshape(sent[n].shape).to(sent[n].dtype)
         start += size
     return [{**state, **crafted} if liar else state for state, liar in zip(states, liars)]
+
+
+def colluded_models(cfg, models: list[ClientModel], liars: set[int],
+                    previous: dict[str, dict], architecture_of: Callable[[int], str]
+                    ) -> list[ClientModel]:
+    """The round's usable models with the colluders' (`cfg.attack` of COLLUDING) as they
+    would send them: the simulation stands in for the colluders, who know the honest models
+    of their architecture and its theta_g (`previous`: {architecture: theta_g})."""
+    by_key = {}
+    for a, sent in previous.items():
+        group = [m for m in models if architecture_of(m.key) == a]
+        states = colluded(cfg.attack, cfg.attack_scale, [m.state for m in group],
+                          [m.key in liars for m in group], sent)
+        by_key.update((m.key, with_state(m, s)) for m, s in zip(group, states))
+    return [by_key[m.key] for m in models]
+
+
+def with_state(model: ClientModel, state: dict[str, torch.Tensor]) -> ClientModel:
+    """`model` carrying other arrays (its metrics as they were)."""
+    (key, _), = model.content.array_records.items()
+    return replace(model, content=RecordDict({key: ArrayRecord(state),
+                                              **model.content.metric_records}))
 
 
 def attacked(cfg, message_type: str, handler: Handler) -> Handler:

@@ -12,9 +12,11 @@ from fedgo_app.generators import GENERATOR_SOURCES
 from fedgo_app.strategies import STRATEGIES
 from fedgo_flwr.aggregation import AGGREGATORS
 from fedgo_flwr.architectures import client_models_ok
+from fedgo_flwr.budget import DISTILL_BUDGETS
+from fedgo_flwr.calibration import CALIBRATIONS
 from fedgo_flwr.defences import SCREENS
-from fedgo_flwr.distill import DISTILL_BUDGETS, DISTILL_SETS, ENSEMBLE_SPACES, GUARDS, VIEW_DRAWS
-from fedgo_flwr.gan import CALIBRATIONS, NEGATIVES
+from fedgo_flwr.distill import DISTILL_SETS, ENSEMBLE_SPACES, GUARDS, VIEW_DRAWS
+from fedgo_flwr.gan import NEGATIVES
 from fedgo_flwr.keys import AT_LEAST_ONE, FRACTION, NON_NEGATIVE, POSITIVE, Allowed, OneOf, key
 from fedgo_flwr.models import CLASSIFIERS, model_name_problem
 from fedgo_flwr.train import OPTIMIZERS
@@ -339,14 +341,12 @@ class PreFLKeys:
         "the paper) or server-sample (server-sample-size images of U sent once instead of G, "
         "for a server that may share U; no generator is trained; not in the paper)",
         OneOf(NEGATIVES), ("pre-fl",))
-    server_sample_size: int = key(3000, "images of U sent to each client with "
-                                  "discriminator-negatives = server-sample", AT_LEAST_ONE,
-                                  ("pre-fl",))
+    server_sample_size: int = key(3000, "images of U sent to each client with discriminator-"
+                                  "negatives = server-sample", AT_LEAST_ONE, ("pre-fl",))
     discriminator_calibration: str = key(
         "none", "none (the paper) or platt: each client holds out calibration-fraction of its "
-        "images from D_k's training, fits log Phi_k = a * logit + b (a > 0) on them against as "
-        "many negatives and sends (a, b); the odds lose the paper's cap e (not in the paper)",
-        OneOf(CALIBRATIONS), ("pre-fl",))
+        "images, fits log Phi_k = a * logit + b (a > 0) on them and sends (a, b); the odds "
+        "lose the paper's cap e (not in the paper)", OneOf(CALIBRATIONS), ("pre-fl",))
     calibration_fraction: float = key(0.1, "share of each client's images held out to calibrate "
                                       "D_k (discriminator-calibration = platt)",
                                       Allowed("in (0, 1)", lambda v: 0 < v < 1), ("pre-fl",))

@@ -68,9 +68,33 @@ def mean_of_replies(contents: list[RecordDict], weighted_by_key: str) -> ArrayRe
     in float64 over each reply's one ArrayRecord, weighted by its `weighted_by_key` metric.
     Flower's `aggregate_arrayrecords` sums in float32; the benchmarks' records were made
     with this mean."""
-    states = [next(iter(c.array_records.values())).to_torch_state_dict() for c in contents]
-    weights = [reply_weight(c, weighted_by_key) for c in contents]
+    states, weights = models_of(contents, weighted_by_key)
     return ArrayRecord(mean(states, weights, states[0]))
+
+
+class Aggregator:
+    """An `aggregate_fn` of the library's strategies by a rule of AGGREGATORS (`how`): the
+    replies' models combined by `aggregate`, or None where the rule cannot combine this many
+    (the global model then stays for the round). `selected`: the positions, among the last
+    call's replies, of the models Krum's rules kept (None: every model counts)."""
+
+    def __init__(self, how: Aggregation = Aggregation()):
+        if how.rule not in AGGREGATORS:
+            raise ValueError(f"aggregator is {how.rule!r}; allowed: {', '.join(AGGREGATORS)}")
+        self.how, self.selected = how, None
+
+    def __call__(self, contents: list[RecordDict], weighted_by_key: str) -> ArrayRecord | None:
+        states, weights = models_of(contents, weighted_by_key)
+        result = aggregate(states, weights, states[0], self.how)
+        self.selected = result.selected if result is not None else None
+        return ArrayRecord(result.state) if result is not None else None
+
+
+def models_of(contents: list[RecordDict], weighted_by_key: str
+              ) -> tuple[list[dict[str, torch.Tensor]], list[float]]:
+    """Each reply's model (its one ArrayRecord) and averaging weight."""
+    return ([next(iter(c.array_records.values())).to_torch_state_dict() for c in contents],
+            [reply_weight(c, weighted_by_key) for c in contents])
 
 
 def reply_weight(content: RecordDict, weighted_by_key: str) -> float:

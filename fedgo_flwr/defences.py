@@ -18,7 +18,10 @@ and is averaged, as a client without a discriminator is):
 
 from __future__ import annotations
 
+from logging import WARNING
+
 import torch
+from flwr.common.logger import log
 
 SCREENS = ("none", "odds")
 SATURATED_SHARE = 0.9
@@ -48,8 +51,24 @@ def screen_odds(u_log_odds: torch.Tensor, capped: bool, z: float) -> dict[int, s
     return flagged
 
 
-def screened(log_odds: dict, capped: bool, z: float) -> dict:
-    """screen_odds over the clients' log Phi_k on U ({key: [V, |U|]}, view 0): {key: why}."""
-    keys = sorted(log_odds)
-    flagged = screen_odds(torch.stack([log_odds[k][0] for k in keys]), capped, z)
-    return {keys[row]: why for row, why in flagged.items()}
+class OddsScreen:
+    """FedGO's `odds_screen` (z): after the pre-FL stage, each D_k that `screen_odds` flags
+    leaves the odds; its client still trains and is averaged."""
+
+    def __init__(self, z: float):
+        if not isinstance(z, (int, float)) or z < 0:
+            raise ValueError(f"odds_screen is {z!r}; allowed: a number >= 0, or None")
+        self.z = float(z)
+
+    def apply(self, log_odds: dict, discriminators: dict, capped: bool) -> dict:
+        """Screen the clients' log Phi_k on U ({key: [V, |U|]}, view 0 screened): the flagged
+        leave `log_odds` and `discriminators`; returns {key: why}. Raises if none is left."""
+        keys = sorted(log_odds)
+        flagged = screen_odds(torch.stack([log_odds[k][0] for k in keys]), capped, self.z)
+        screened = {keys[row]: why for row, why in flagged.items()}
+        for key, why in screened.items():
+            log(WARNING, "pre-FL: the discriminator of client %s leaves the odds: %s", key, why)
+            del log_odds[key], discriminators[key]
+        if not log_odds:
+            raise RuntimeError(f"pre-FL: the screen left no discriminator: {screened}")
+        return screened

@@ -86,7 +86,7 @@ def ensemble_diagnostics(logits: torch.Tensor, log_odds: torch.Tensor | None,
     of the run's own rule;
     histograms [K, C] of the clients' labels (the oracle and the class-count rules), or None;
     averaged_logits [N, C] of the round's averaged model, where the class-count rules start;
-    capped: the odds are the paper's (False: calibrated, see gan.platt_calibration).
+    capped: the odds are the paper's (False: calibrated, see fedgo_flwr.calibration).
 
     Returns {space: {rule: {acc, loss}}} for both ensemble spaces (the oracle as 'label-oracle';
     with averaged_logits also the run's rule with the averaged model as a member),

@@ -29,10 +29,6 @@ CHANNELS_LAST = True
 # clients that did not train this round, on their own labelled data, or the server on labelled
 # images of its own (the data FedDF as published validates on; a row that says so).
 GUARDS = ("none", "clients", "labelled-val")
-# How many of its steps the distillation takes a round: all of them (the papers), or the share
-# of the images it meets where the server model's class is not the pseudo-label's, so that it
-# fades as the ensemble and the server model come to agree.
-DISTILL_BUDGETS = ("full", "disagreement")
 # How the distillation's minibatches take a view of each image (as is or mirrored): a new
 # random view in every pass (per-pass: up to both views of an image are met, and labelled, in
 # a round) or one random view per image for the whole round (per-round: the teachers label
@@ -112,50 +108,6 @@ def confident_batches(batches: list[torch.Tensor], targets: torch.Tensor,
     top = targets.flatten(0, 1).max(-1).values
     kept = [b[top[b] >= threshold] for b in batches]
     return [b for b in kept if len(b)]
-
-
-def disagreement(model: nn.Module, u: torch.Tensor, targets: torch.Tensor, *,
-                 device: torch.device, amp: bool = False) -> float:
-    """The share of the views of U that the round's distillation meets (the labelled entries
-    of targets [V, |U|, C], view_pseudo_labels) where `model`'s class is not the
-    pseudo-label's; reads no label."""
-    differ = met = 0
-    for v, view_targets in enumerate(targets):
-        samples = view_targets[:, 0].isfinite().nonzero().squeeze(1)
-        if len(samples):
-            own = teacher_logits([model], u[samples], device=device, flip=v == 1, amp=amp)[0]
-            differ += (own.argmax(-1).cpu() != view_targets[samples].argmax(-1)).sum().item()
-            met += len(samples)
-    return differ / max(met, 1)
-
-
-def budgeted(batches: list[torch.Tensor], share: float) -> list[torch.Tensor]:
-    """The first ceil(share x steps) of the distillation's batches (draw_batches), so the
-    distillation takes that share of its steps; its order and views are kept."""
-    return batches[:math.ceil(share * len(batches))]
-
-
-def probe_batches(batches: list[torch.Tensor], images: int) -> list[torch.Tensor]:
-    """The distillation's first batches that hold at least `images` images (all: 0)."""
-    if images <= 0:
-        return batches
-    sizes = torch.tensor([len(b) for b in batches]).cumsum(0)
-    return batches[:int((sizes < images).sum()) + 1]
-
-
-def budgeted_pseudo_labels(label, share_of, batches: list[torch.Tensor], *, probe: int = 0
-                           ) -> tuple[torch.Tensor, list[torch.Tensor], float]:
-    """The disagreement budget's labelling: the teachers label the images of the first `probe`
-    (probe_batches), share_of(their targets) is the share of the steps to take (disagreement),
-    and they label only what those steps meet beyond the probe. probe = 0 measures the share
-    on every image the full distillation meets, so all of them are labelled; a probe smaller
-    than the steps the budget keeps saves the teachers' forwards the budget drops.
-    label(batches, targets) is view_pseudo_labels of those batches, filling `targets`.
-    Returns the targets, the budgeted batches and the share."""
-    targets = label(probe_batches(batches, probe), None)
-    share = share_of(targets)
-    batches = budgeted(batches, share)
-    return label(batches, targets), batches, share
 
 
 def kl_to_targets(student_logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

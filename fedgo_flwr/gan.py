@@ -1,9 +1,9 @@
 """Pre-FL stage training: the server's WGAN-GP generator (G1) and the clients' discriminators
-(Algorithm 3), with the options beyond the paper: other negatives than G, Platt calibration."""
+(Algorithm 3), with an option beyond the paper: other negatives than G (Platt's calibration
+of D_k: fedgo_flwr.calibration)."""
 
 from __future__ import annotations
 
-import math
 import time
 from logging import INFO
 from typing import Callable
@@ -106,7 +106,6 @@ SERVER_SAMPLE = "server-sample"  # an ArrayRecord of the server's images, sent i
 # config "generator" and "discriminator": the library's module, or the user's own, which
 # the client builds with the function given to `register`
 LIBRARY, OWN = "library", "own"
-CALIBRATIONS = ("none", "platt")
 
 # Where a discriminator's fakes come from: `negatives(n, gen)` -> n images in [-1, 1].
 Negatives = Callable[[int, torch.Generator], torch.Tensor]
@@ -218,56 +217,10 @@ def train_discriminator(discriminator: Discriminator, negatives: Negatives, x: t
             "discriminator-seconds": time.perf_counter() - start}
 
 
-def platt_calibration(real_logits: torch.Tensor, fake_logits: torch.Tensor,
-                      max_iter: int = 100) -> tuple[float, float]:
-    """Platt scaling of a discriminator's inner logit l (not in the paper): the (a, b), a > 0,
-    that make sigmoid(a l + b) a calibrated probability of "real" on held-out images of the
-    client against as many negatives, by binary cross-entropy (L-BFGS) on Platt's smoothed
-    targets (N+ + 1) / (N+ + 2) and 1 / (N- + 2), which keep a finite on a few separable
-    images. log Phi = a l + b is then the log of the estimated density ratio p_k / p_neg, with
-    no cap; a > 0 keeps the order of the images."""
-    s = torch.cat([real_logits, fake_logits]).double()
-    n_pos, n_neg = len(real_logits), len(fake_logits)
-    y = torch.cat([torch.full((n_pos,), (n_pos + 1) / (n_pos + 2)),
-                   torch.full((n_neg,), 1 / (n_neg + 2))]).double()
-    log_a = torch.zeros((), dtype=torch.float64, requires_grad=True)
-    b = torch.zeros((), dtype=torch.float64, requires_grad=True)
-    opt = torch.optim.LBFGS([log_a, b], max_iter=max_iter, line_search_fn="strong_wolfe")
-
-    def closure() -> torch.Tensor:
-        opt.zero_grad()
-        loss = F.binary_cross_entropy_with_logits(log_a.clamp(max=10).exp() * s + b, y)
-        loss.backward()
-        return loss
-
-    opt.step(closure)
-    return float(log_a.detach().clamp(max=10).exp()), float(b.detach())
-
-
-def calibrate_discriminator(discriminator: Discriminator, negatives: Negatives,
-                            held_out: torch.Tensor, *, seed: int,
-                            device: torch.device = torch.device("cpu")) -> tuple[float, float]:
-    """Platt's (a, b) for D on the held-out uint8 images against as many fresh negatives."""
-    gen = torch.Generator().manual_seed(seed)
-    discriminator.to(device).eval()
-    real = apply_in_batches(discriminator.logit, held_out, device=device)
-    with torch.no_grad():
-        fake = discriminator.logit(negatives(len(held_out), gen).to(device)).float().cpu()
-    return platt_calibration(real, fake)
-
-
-def calibration_problem(metrics) -> str | None:
-    """Why a reply's Platt calibration (odds-scale a, odds-shift b) is unusable, or None."""
-    a, b = metrics.get("odds-scale"), metrics.get("odds-shift")
-    if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in (a, b)) or a <= 0:
-        return f"calibration (odds-scale, odds-shift) is ({a}, {b}); expected a > 0, b finite"
-    return None
-
-
 def log_odds(discriminator: Discriminator, x: torch.Tensor, *, device: torch.device,
              flip: bool = False, calibration: tuple[float, float] | None = None) -> torch.Tensor:
     """log Phi_k(x) for uint8 images x: the paper's sigmoid(logit), in (0, 1), or with a
-    calibration (a, b) the uncapped a * logit + b (see platt_calibration)."""
+    calibration (a, b) the uncapped a * logit + b (fedgo_flwr.calibration)."""
     discriminator.to(device).eval()
     if calibration is None:
         return apply_in_batches(lambda v: torch.sigmoid(discriminator.logit(v)), x,
@@ -291,15 +244,3 @@ def draw_images(generator: Generator, n: int, seed: int, device: torch.device) -
              for idx in torch.arange(n).split(512)]
     generator.cpu()
     return torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8)
-
-
-def hold_out(x: torch.Tensor, fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A seeded split of x into (training, held-out) with about `fraction` held out (at least
-    one image each side when fraction > 0)."""
-    if fraction <= 0:
-        return x, x[:0]
-    if len(x) < 2:
-        raise ValueError(f"calibrating D_k needs at least 2 images, this client has {len(x)}")
-    order = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))
-    held = min(len(x) - 1, max(1, round(fraction * len(x))))
-    return x[order[held:]], x[order[:held]]

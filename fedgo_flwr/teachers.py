@@ -124,14 +124,37 @@ def kept_teacher_logits(nets: list[nn.Module], x: torch.Tensor, keep: torch.Tens
 
 
 class PastTeachers:
-    """theta_s of the last rounds, oldest first (`past-teachers`), and their logits. A past
+    """theta_s of the last rounds, oldest first (`past_teachers`, not in the papers), and their
+    logits. Each round's global model (as the guard kept it: the one the next round's clients
+    start from) is remembered and joins from the next round on; the last `keep` stay. A past
     global model does not change while it stays a teacher, so its logits on an image (one
     view) are computed once, when first asked for, and kept until it leaves."""
 
     def __init__(self, keep: int):
+        if not isinstance(keep, int) or keep < 0:
+            raise ValueError(f"past_teachers is {keep!r}; allowed: an integer >= 0")
         self.keep = keep
         self.states: list[dict[str, torch.Tensor]] = []
+        self.pending: dict[str, torch.Tensor] | None = None  # this round's, a teacher next round
         self._logits: dict[tuple[int, int, bool], tuple] = {}
+
+    def begin_round(self) -> None:
+        """The last round's global model joins the past teachers."""
+        if self.pending is not None:
+            self.add(self.pending)
+            self.pending = None
+
+    def remember(self, state: dict[str, torch.Tensor]) -> None:
+        """The round's global model, a teacher from the next round on (if any are kept)."""
+        if self.keep:
+            self.pending = state
+
+    def state_dict(self) -> dict:
+        """What a checkpoint holds of them (the states, oldest first, and the pending one)."""
+        return {"states": self.states, "pending": self.pending}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.states, self.pending = list(state.get("states", [])), state.get("pending")
 
     def add(self, state: dict[str, torch.Tensor]) -> None:
         self.states = (self.states + [state])[-self.keep:]

@@ -1,5 +1,5 @@
-"""Same rounds before and after a change: eighteen small configurations (every strategy,
-FedGO on SCAFFOLD's clients, mixed architectures, two attacks; 3 rounds, 4 clients, the tests'
+"""Same rounds before and after a change: twenty small configurations (every strategy,
+FedGO on SCAFFOLD's clients, mixed architectures, two attacks, the ensemble's options; 3 rounds, 4 clients, the tests'
 tiny Fashion-MNIST) through the apps of the checkout on PYTHONPATH, each run's per-round
 accuracies, losses and reply tallies written to OUT.json; `--compare A.json B.json` prints
 every difference.
@@ -53,6 +53,11 @@ CASES = {
     "mixed-fedavg": dict(strategy="fedavg", client_models="mlp:0.5,cnn:0.5"),
     "krum-alie": dict(aggregator="krum", attack="alie", byzantine_clients=1, fraction_train=1.0),
     "signflip": dict(attack="sign-flip", byzantine_clients=1, fraction_train=1.0, aggregator="median"),
+    # the ensemble's options beyond the papers, each through its own code
+    "fedgo-options": dict(strategy="fedgo", discriminator_screen="odds", discriminator_screen_z=1.0, teachers_per_image=1,
+                          averaged_share=0.2, teacher_floor=True, confidence_threshold=0.3),
+    "fedgo-budget": dict(strategy="fedgo", distill_budget="disagreement", past_teachers=1,
+                         distillation_guard="clients", distill_schedule="constant"),
 }
 only = sys.argv[3:] or list(CASES)
 results = {}

@@ -31,8 +31,9 @@ from fedgo_app.config import Config
 from fedgo_app.data import client_data, dataset, server_data
 from fedgo_flwr.diagnostics import (CLASS_COUNT_FROM_AVERAGED, CLASS_COUNT_FROM_OWN, ORACLE,
                                     WITH_AVERAGED, ensemble_diagnostics)
-from fedgo_flwr.gan import (Negatives, calibrate_discriminator, generator_negatives,
-                            image_negatives, log_odds, train_discriminator, train_wgan_gp)
+from fedgo_flwr.calibration import calibrate_discriminator, hold_out
+from fedgo_flwr.gan import (Negatives, generator_negatives, image_negatives, log_odds,
+                            train_discriminator, train_wgan_gp)
 from fedgo_app.generator_cache import generator_description, load_generator, save_generator
 from fedgo_flwr.models import Critic, create_classifier
 from fedgo_flwr.seeds import client_seed, round_seed
@@ -41,7 +42,6 @@ from fedgo_flwr.aggregation import mean
 from fedgo_app.generators import new_generator
 from fedgo_app.strategies.fedgo import new_local_discriminator
 from fedgo_flwr.gan import server_sample
-from fedgo_flwr.gan import hold_out
 from fedgo_flwr.teachers import teacher_logits
 from fedgo_flwr.train import evaluate, resolve_device, train_classifier
 from fedgo_flwr.weighting import odds_weights

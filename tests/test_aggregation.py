@@ -11,7 +11,7 @@ from flwr.serverapp.strategy import Bulyan, FedMedian, FedTrimmedAvg, Krum, Mult
 from flwr.supercore.task_identity import TaskIdentity
 
 from client_app.app import app as client_app
-from fedgo_flwr.aggregation import Aggregation, aggregate
+from fedgo_flwr.aggregation import Aggregation, Aggregator, aggregate
 from fedgo_flwr.keys import ConfigError
 from fedgo_lab.inprocess import InProcessGrid
 from server_app.app import run
@@ -86,6 +86,30 @@ def test_krum_and_the_median_ignore_a_scaled_model_the_mean_follows():
 def test_bulyan_with_too_few_models_keeps_nothing():
     states, n = _models(6)
     assert aggregate(states, n, states[0], Aggregation("bulyan", byzantine=1)) is None  # < 7
+
+
+@pytest.mark.unit
+def test_the_aggregator_is_a_library_strategys_aggregate_fn_on_its_replies():
+    """Aggregator(how) as `aggregate_fn`: the round's model is `aggregate`'s on the replies'
+    models, `selected` names Krum's choice, and a rule that cannot combine this many keeps
+    the global model (aggregate_train returns None)."""
+    from fedgo_flwr.strategies.base import ServerUpdateFedAvg
+
+    states, n = _models(7)
+    states[2] = {k: (v * 1000 if v.is_floating_point() else v) for k, v in states[2].items()}
+    how = Aggregation("multi-krum", byzantine=1)
+    strategy = ServerUpdateFedAvg(model_fn=lambda: torch.nn.Linear(1, 1),
+                                  aggregate_fn=Aggregator(how))
+    contents = [RecordDict({"arrays": ArrayRecord(s), "metrics": MetricRecord(
+        {"num-examples": k})}) for s, k in zip(states, n)]
+    out = strategy.aggregate_fn(contents, "num-examples").to_torch_state_dict()
+    expected = aggregate(states, n, states[0], how)
+    torch.testing.assert_close(out["w"], expected.state["w"])
+    assert strategy.aggregate_fn.selected == expected.selected and 2 not in expected.selected
+    bulyan = Aggregator(Aggregation("bulyan", byzantine=2))
+    assert bulyan(contents, "num-examples") is None and bulyan.selected is None
+    with pytest.raises(ValueError, match="aggregator is 'geomed'; allowed: mean, median"):
+        Aggregator(Aggregation("geomed"))
 
 
 @pytest.mark.unit

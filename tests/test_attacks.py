@@ -189,6 +189,24 @@ def test_the_screen_flags_saturated_constant_and_outlying_odds_only():
     assert set(screen_odds(many, capped=True, z=3.5)) == set(range(8, 16))
 
 
+def test_the_odds_screen_policy_drops_the_flagged_discriminators_and_never_all():
+    """FedGO's `odds_screen` as a policy: the flagged D_k leave the odds and the kept
+    discriminators (keyed by client), the reasons are returned, a screen that would leave
+    none raises, and z names the keyword."""
+    from fedgo_flwr.defences import OddsScreen
+    honest = range(8)  # log Phi spread over [0, 0.6], means 0.001 apart
+    log_odds = {k: torch.linspace(0, 0.6, 200)[None] + 0.001 * k for k in honest}
+    log_odds[9] = torch.full((1, 200), 0.3)  # constant
+    discriminators = {k: object() for k in log_odds}
+    screened = OddsScreen(3.5).apply(log_odds, discriminators, capped=True)
+    assert set(screened) == {9} and screened[9].startswith("constant")
+    assert set(log_odds) == set(discriminators) == set(honest)
+    with pytest.raises(RuntimeError, match="the screen left no discriminator"):
+        OddsScreen(3.5).apply({1: torch.full((1, 50), 0.2)}, {1: None}, capped=False)
+    with pytest.raises(ValueError, match="odds_screen is -1; allowed: a number >= 0, or None"):
+        OddsScreen(-1)
+
+
 @pytest.mark.parametrize("liars", ["2", "0,1"])
 def test_the_screen_leaves_the_papers_byzantine_discriminators_out_and_honest_ones_in(
         tiny_config, liars):

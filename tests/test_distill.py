@@ -4,10 +4,9 @@ import torch
 
 import pytest
 
-from fedgo_flwr.distill import (budgeted, budgeted_pseudo_labels, confident_batches, cosine_lr,
-                                disagreement, distill, probe_batches,
-                                draw_batches, ensemble_log_probs, floored, kl_to_targets,
-                                pseudo_labels, view_pseudo_labels)
+from fedgo_flwr.distill import (confident_batches, cosine_lr, distill, draw_batches,
+                                ensemble_log_probs, floored, kl_to_targets, pseudo_labels,
+                                view_pseudo_labels)
 from fedgo_flwr.models import CNN
 from fedgo_flwr.teachers import teacher_logits
 from fedgo_flwr.weighting import odds_weights
@@ -116,26 +115,6 @@ def test_confident_batches_keep_only_the_sure_pseudo_labels():
     assert [b.tolist() for b in kept] == [[0, 4], [2]]  # the last batch, emptied, is dropped
 
 
-def test_the_budget_is_the_share_of_met_views_where_the_model_and_the_labels_differ():
-    """A model that calls every image class 0, as is or mirrored, against pseudo-labels on 3
-    of the 6 views (the rest unmet, NaN): it disagrees where the label is not 0."""
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 3))
-    with torch.no_grad():
-        model[1].weight.zero_()
-        model[1].bias.copy_(torch.tensor([5.0, 0.0, 0.0]))
-    u = torch.randint(0, 256, (3, 1, 4, 4), dtype=torch.uint8)
-    targets = torch.full((2, 3, 3), float("nan"))
-    targets[0, 0] = torch.tensor([0.8, 0.1, 0.1])  # agrees
-    targets[0, 2] = torch.tensor([0.1, 0.7, 0.2])  # differs
-    targets[1, 1] = torch.tensor([0.2, 0.2, 0.6])  # differs, on the mirrored view
-    share = disagreement(model, u, targets, device=torch.device("cpu"))
-    assert share == pytest.approx(2 / 3)
-    batches = [torch.tensor([i]) for i in range(6)]
-    assert [b.item() for b in budgeted(batches, share)] == [0, 1, 2, 3]  # ceil(4.0)
-    assert budgeted(batches, 0.0) == [] and len(budgeted(batches, 0.01)) == 1
-
-
 def test_only_the_views_the_batches_meet_are_labelled_and_those_exactly():
     torch.manual_seed(0)
     nets = [torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 3)) for _ in range(2)]
@@ -156,46 +135,6 @@ def test_only_the_views_the_batches_meet_are_labelled_and_those_exactly():
         logits = torch.stack([net(view_x) for net in nets]).detach()
         full = pseudo_labels(logits, odds_weights(logits, log_odds[v], n_k))
         torch.testing.assert_close(targets[v][labelled[v]], full[labelled[v]])
-
-
-def test_a_budget_probe_labels_the_probe_and_the_kept_steps_only_and_those_exactly():
-    """budgeted_pseudo_labels: the share is measured on the probe's images; the teachers then
-    label what the kept steps meet beyond it, each entry as labelling everything would; with
-    no probe the share is the one over every met view (the budget without a probe)."""
-    torch.manual_seed(0)
-    nets = [torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 3)) for _ in range(2)]
-    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 3))
-    u = torch.randint(0, 256, (40, 1, 4, 4), dtype=torch.uint8)
-    n_k, log_odds = torch.tensor([1.0, 3.0]), torch.randn(2, 2, 40)
-    batches = draw_batches(40, 2, epochs=3, batch_size=8, seed=1)  # 15 steps
-    calls = []
-
-    def label(some, targets):
-        calls.append(sum(len(b) for b in some))
-        return view_pseudo_labels(
-            lambda v, s: (teacher_logits(nets, u[s], device=torch.device("cpu"), flip=v == 1),
-                          log_odds[v][:, s]), 40, n_k, odds_weights, some, views=2,
-            targets=targets)
-
-    def share_of(targets):
-        return disagreement(model, u, targets, device=torch.device("cpu"))
-
-    everything = label(batches, None)
-    assert probe_batches(batches, 0) == batches and len(probe_batches(batches, 17)) == 3
-    full, kept, share = budgeted_pseudo_labels(label, share_of, batches)
-    assert share == share_of(everything) and kept == budgeted(batches, share)
-    torch.testing.assert_close(full, everything, equal_nan=True)
-
-    calls.clear()
-    targets, kept, share = budgeted_pseudo_labels(label, share_of, batches, probe=16)
-    probe_share = share_of(label(batches[:2], None))
-    assert share == probe_share and kept == budgeted(batches, probe_share)
-    labelled = ~targets.isnan().any(-1).flatten()
-    assert labelled.nonzero().squeeze(1).tolist() == torch.cat(batches[:max(2, len(kept))]
-                                                               ).unique().tolist()
-    assert labelled.sum() < (~everything.isnan().any(-1)).sum()  # fewer forwards
-    torch.testing.assert_close(targets.flatten(0, 1)[labelled],
-                               everything.flatten(0, 1)[labelled])
 
 
 def test_the_optimizer_key_chooses_adam_or_sgd_with_momentum():

@@ -6,10 +6,10 @@ import math
 import pytest
 import torch
 
-from fedgo_flwr.gan import (calibrate_discriminator, image_negatives, log_odds,
-                            platt_calibration)
+from fedgo_flwr.calibration import (PlattCalibration, calibrate_discriminator, hold_out,
+                                    platt_calibration)
+from fedgo_flwr.gan import image_negatives, log_odds
 from fedgo_flwr.models import Discriminator
-from fedgo_flwr.gan import hold_out
 
 
 def test_calibration_keeps_a_perfectly_separable_discriminators_order():
@@ -65,3 +65,16 @@ def test_image_negatives_draw_from_the_images_in_the_unit_range():
     images[0] = 0
     out = image_negatives(images, flip=True)(64, torch.Generator().manual_seed(0))
     assert out.shape == (64, 1, 28, 28) and out.min() == -1 and out.max() == 1
+
+
+def test_the_calibration_policy_reads_a_usable_replys_scale_and_shift_only():
+    """FedGO's `calibration_fraction` as a policy: (a, b) from a reply's metrics, a reply
+    without them or with a <= 0 named as unusable, and the share outside (0, 1) refused."""
+    platt = PlattCalibration(0.1)
+    assert platt.of({"odds-scale": 2.0, "odds-shift": -0.5}) == (2.0, -0.5)
+    assert platt.problem({"odds-scale": 2.0, "odds-shift": -0.5}) is None
+    assert "expected a > 0" in platt.problem({"odds-scale": 0.0, "odds-shift": 1.0})
+    assert "expected a > 0" in platt.problem({"num-examples": 5})
+    for bad in (0.0, 1.0, -0.2):
+        with pytest.raises(ValueError, match=r"calibration_fraction is .*; allowed: \[0, 1\)"):
+            PlattCalibration(bad)

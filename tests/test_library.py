@@ -270,7 +270,7 @@ def test_the_lasting_options_reach_the_librarys_distillation():
     past = FedDF(unlabeled_data=U, model_fn=UserNet, past_teachers=2, **SMALL)
     _, result = run(past, rounds=3)
     assert [result.train_metrics_clientapp[t]["past-teachers"] for t in (1, 2, 3)] == [0, 1, 2]
-    with pytest.raises(ValueError, match="past_teachers is -1; allowed: >= 0"):
+    with pytest.raises(ValueError, match="past_teachers is -1; allowed: an integer >= 0"):
         FedDF(unlabeled_data=U, model_fn=UserNet, past_teachers=-1)
     with pytest.raises(ValueError, match="distill_budget is 'half'; allowed: full, disagreement"):
         FedDF(unlabeled_data=U, model_fn=UserNet, distill_budget="half")

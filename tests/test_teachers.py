@@ -197,3 +197,27 @@ def test_top_teachers_run_each_net_only_on_the_images_it_keeps():
     _, masked, _ = top_teacher_logits(nets, x, log_w, torch.tensor([1.0, 1.0, 1e6]), 1,
                                       device=CPU)
     assert masked[2].isfinite().all() and not masked[:2].isfinite().any()
+
+
+def test_a_rounds_global_model_teaches_from_the_next_round_and_survives_a_checkpoint():
+    """PastTeachers' round: the model remembered in round t joins at round t + 1's start; a
+    checkpoint (state_dict) carries both the teachers and the one still pending; none are
+    remembered with keep = 0; a negative keep names the keyword."""
+    a, b = {"w": torch.zeros(1)}, {"w": torch.ones(1)}
+    past = PastTeachers(keep=1)
+    past.begin_round()
+    past.remember(a)
+    assert past.states == [] and past.pending is a
+    past.begin_round()
+    past.remember(b)
+    assert past.states == [a] and past.pending is b
+    resumed = PastTeachers(keep=1)
+    resumed.load_state_dict(past.state_dict())
+    resumed.begin_round()
+    assert resumed.states == [b] and resumed.pending is None  # keep 1: a left
+    off = PastTeachers(keep=0)
+    off.remember(a)
+    off.begin_round()
+    assert off.states == [] and off.pending is None
+    with pytest.raises(ValueError, match="past_teachers is -1; allowed: an integer >= 0"):
+        PastTeachers(keep=-1)

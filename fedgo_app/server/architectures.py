@@ -15,6 +15,7 @@ from fedgo_app.server.clients import ClientDirectory
 from fedgo_app.server.setup import ServerSetup
 from fedgo_flwr.architectures import join, split
 from fedgo_flwr.replies import payload_bytes
+from fedgo_flwr.strategies.rounds import ClientModel
 
 
 class Architectures:
@@ -54,6 +55,31 @@ class Architectures:
             if pid is not None:
                 up = by_architecture.setdefault(self.of(pid), {})
                 up["up"] = up.get("up", 0) + payload_bytes([reply])
+
+    def combine(self, models: list[ClientModel],
+                combine: Callable[[list[ClientModel]], tuple[ArrayRecord | None, list | None]],
+                previous: dict[str, dict]) -> tuple[ArrayRecord | None, dict]:
+        """The round's average: each architecture's models combined among themselves
+        (`combine`: (the combination or None, the positions it selected or None)), joined,
+        and what the record says of it ("selected": the partitions Krum's rules kept,
+        "kept_previous": the architectures whose model stays, `previous`'s). None: one
+        architecture, and it kept its model."""
+        averaged, info = {}, {}
+        for a in self.names:
+            group = [m for m in models if self.of(m.key) == a]
+            combined, selected = combine(group) if group else (None, None)
+            if combined is None:
+                info.setdefault("kept_previous", []).append(a)
+                if not self.heterogeneous:
+                    return None, info
+                averaged[a] = previous[a]
+                continue
+            if selected is not None:
+                info.setdefault("selected", []).extend(group[i].key for i in selected)
+            if not self.heterogeneous:
+                return combined, info
+            averaged[a] = combined.to_torch_state_dict()
+        return ArrayRecord(self.joined(averaged)), info
 
     def templates(self) -> dict[str, dict[str, torch.Tensor]]:
         """Each architecture's arrays (names, shapes), freshly built."""

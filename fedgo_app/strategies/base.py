@@ -3,9 +3,10 @@
 observers) Flower's `start` runs over a `RoundGrid`, with what this app adds through its
 hooks, each a small object: who takes part (`Membership`: discovery, seeded sampling over
 partition ids, absent and rejoining partitions: `candidates`, `node_of`, n_k), the global
-model of each architecture (`Architectures`: `arrays_for`, `template_of`), the average with the
-simulated colluders and robust rules (`Averaging`: `combine`), central and personal evaluation
-(`Evaluation`), and the run record (an observer) and checkpoints.
+model of each architecture (`Architectures`: `arrays_for`, `template_of`, `combine`), the run's
+aggregator (the library's `aggregate_fn`: fedgo_flwr.aggregation.Aggregator) and the simulated
+colluders (fedgo_app.attacks: `client_models`), central and personal evaluation (`Evaluation`),
+and the run record (an observer) and checkpoints.
 
 Subclasses are the library's strategies with the run config as keywords; they add a pre-FL
 stage (`prepare`) and name what they carry from round to round (`carried`, checkpointed).
@@ -22,8 +23,8 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
+from fedgo_app.attacks import COLLUDING, colluded_models
 from fedgo_app.server.architectures import Architectures
-from fedgo_app.server.averaging import Averaging
 from fedgo_app.server.clients import MIN_CLIENTS, ClientDirectory, config_record
 from fedgo_app.server.evaluation import Evaluation
 from fedgo_app.server.membership import Membership, RoundGrid
@@ -31,6 +32,7 @@ from fedgo_app.server.record import RunRecord, reply_tally
 from fedgo_app.server.setup import ServerSetup
 from fedgo_app.strategies.clients import CLIENT
 from fedgo_app.strategies.registry import StrategySpec
+from fedgo_flwr.aggregation import Aggregator
 from fedgo_flwr.keys import ConfigError
 from fedgo_flwr.replies import payload_bytes
 from fedgo_flwr.strategies.base import ServerUpdateFedAvg
@@ -61,6 +63,7 @@ class FedAvgStrategy(ServerUpdateFedAvg):
         super().__init__(model_fn=setup.new_classifier, seed=cfg.seed, device=setup.device,
                          fraction_train=cfg.fraction_train, min_train_nodes=MIN_CLIENTS,
                          min_available_nodes=1, client_key=self.partition_of,
+                         aggregate_fn=Aggregator(cfg.aggregation),
                          num_examples_fn=lambda pid, n: self.membership.sample_size(pid, n),
                          observers=[self.record_round], **setup.client_keywords, **keywords)
         # Flower's client-side evaluation is off: personal-test-fraction asks the clients in
@@ -73,7 +76,6 @@ class FedAvgStrategy(ServerUpdateFedAvg):
         self.architectures = Architectures(setup)
         self.evaluation = Evaluation(setup, record, self.architectures, self.membership,
                                      self.personal_config)
-        self.averaging = Averaging(cfg, record, self.architectures)
         self._sent_at = 0.0
         self._sent_state: dict[str, torch.Tensor] = {}
         self.sampled: dict[int, int] = {}  # node id -> partition id of this round
@@ -225,21 +227,33 @@ class FedAvgStrategy(ServerUpdateFedAvg):
         return super().aggregate_train(server_round, replies)
 
     def client_models(self, server_round: int, replies: Iterable[Message]) -> list[ClientModel]:
-        """The library's usable replies, the colluders' as they would send them."""
-        return self.averaging.colluded(super().client_models(server_round, replies),
-                                       self.architectures.globals_of(self._sent_state))
+        """The library's usable replies, the colluders' (ALIE, IPM) as they would send them."""
+        models = super().client_models(server_round, replies)
+        if self.cfg.attack not in COLLUDING:
+            return models
+        liars = set(self.record.data["clients"]["byzantine"]["partitions"])
+        return colluded_models(self.cfg, models, liars,
+                               self.architectures.globals_of(self._sent_state),
+                               self.architectures.of)
 
     def combine(self, server_round: int, models: list[ClientModel]) -> ArrayRecord | None:
-        """Each architecture's models combined by the run's aggregator (fedgo_app.server.
-        averaging), joined."""
+        """The library's combination (`aggregate_fn`: the run's aggregator) of each
+        architecture's models, joined; what the rule kept goes into the round's record."""
         start = time.perf_counter()
-        averaged = self.averaging(server_round, models, self.weighted_by_key,
-                                  self.architectures.globals_of(self._sent_state),
-                                  self._templates)
-        if averaged is None:
-            return None
-        self.record.time("aggregation", time.perf_counter() - start, server_round)
-        return ArrayRecord(self.architectures.joined(averaged))
+        averaged, info = self.architectures.combine(models, lambda group: (
+            super(FedAvgStrategy, self).combine(server_round, group), self.aggregate_fn.selected),
+            self.architectures.globals_of(self._sent_state))
+        for a in info.get("kept_previous", []):
+            usable = sum(self.architectures.of(m.key) == a for m in models)
+            log(WARNING, "round %d: %s%s; its global model is unchanged", server_round,
+                f"{usable} usable models are too few for aggregator {self.cfg.aggregator}"
+                if usable else "no usable model",
+                f" of {a}" if self.architectures.heterogeneous else "")
+        if info:
+            self.record.round(server_round)["aggregation"] = info
+        if averaged is not None:
+            self.record.time("aggregation", time.perf_counter() - start, server_round)
+        return averaged
 
     def record_round(self, report: RoundReport) -> None:
         """The round's replies tallied by partition (missing: no reply in time; failed: an

@@ -131,9 +131,8 @@ class EnsembleApp(FedAvgStrategy, LibraryEnsemble):
     # stage that drew it; with redraws, so does G (FedGAN's would need the clients again).
     def state_dict(self) -> dict:
         state = super().state_dict()
-        if self.past.states or self.next_past is not None:
-            state["past_globals"] = self.past.states
-            state["next_past"] = self.next_past
+        if self.past.states or self.past.pending is not None:  # (the checkpoints' names)
+            state["past_globals"], state["next_past"] = self.past.states, self.past.pending
         if self.generated_set:
             state["distillation_set"] = self.u
         if self.generated_set and self.cfg.redraw_distill_set:
@@ -145,8 +144,8 @@ class EnsembleApp(FedAvgStrategy, LibraryEnsemble):
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
-        self.past.states = state.get("past_globals", [])
-        self.next_past = state.get("next_past")
+        self.past.load_state_dict({"states": state.get("past_globals", []),
+                                   "pending": state.get("next_past")})
         if "distillation_set" in state:
             self.u = state["distillation_set"]
         if "distillation_generator" in state:

@@ -13,7 +13,8 @@ import torch
 
 from fedgo_flwr.diagnostics import (ensemble_diagnostics, lasting_diagnostics,
                                      per_class_diagnostics, phi_stats)
-from fedgo_flwr.distill import disagreement, ensemble_log_probs, floored
+from fedgo_flwr.budget import disagreement
+from fedgo_flwr.distill import ensemble_log_probs, floored
 from fedgo_flwr.observers import numbers
 from fedgo_flwr.strategies.base import RoundReport
 from fedgo_flwr.train import accuracy_and_loss

@@ -21,10 +21,10 @@ from flwr.app import ArrayRecord
 from flwr.common.logger import log
 from torch import nn
 
+from fedgo_flwr.budget import budget_policy, disagreement
 from fedgo_flwr.checks import check_images, check_model
-from fedgo_flwr.distill import (DISTILL_BUDGETS, ENSEMBLE_SPACES, VIEW_DRAWS,
-                                budgeted_pseudo_labels, confident_batches, cosine_lr,
-                                disagreement, distill, draw_batches, view_pseudo_labels)
+from fedgo_flwr.distill import (ENSEMBLE_SPACES, VIEW_DRAWS, confident_batches, cosine_lr,
+                                distill, draw_batches, view_pseudo_labels)
 from fedgo_flwr.guard import AVERAGED, DISTILLED, Guard, judge
 from fedgo_flwr.inputs import images_of
 from fedgo_flwr.progress import Progress
@@ -79,20 +79,19 @@ class EnsembleDistillation(ServerUpdateFedAvg):
         Not in the papers: distil only on the images whose pseudo-label's top probability is
         at least this (fedgo_flwr.distill.confident_batches); 0 keeps every image.
     distill_budget : str (default: "full")
-        Not in the papers: "full" takes every step; "disagreement" takes the share of them
-        that is the share of the met images where the average's class is not the
-        pseudo-label's (fedgo_flwr.distill.disagreement), so distillation fades as they agree.
-        It cuts the steps before `confidence_threshold` drops images.
+        Not in the papers (fedgo_flwr.budget): "full" takes every step; "disagreement" takes
+        the share of them that is the share of the met images where the average's class is
+        not the pseudo-label's, so distillation fades as they agree. It cuts the steps before
+        `confidence_threshold` drops images.
     budget_probe : int (default: 0)
         Not in the papers; with distill_budget "disagreement": measure the disagreement on
         the distillation's first this many images only and label only the steps the budget
-        keeps (fedgo_flwr.distill.budgeted_pseudo_labels); 0 measures it on every image the
-        full distillation meets, labelling them all.
+        keeps; 0 measures it on every image the full distillation meets, labelling them all.
     past_teachers : int (default: 0)
-        Not in the papers: the global models of the last P rounds (each round's model as the
-        guard kept it, the one the next round's clients started from) as more teachers, each
-        holding 1/(K + P) of the weight everywhere, K being the round's teachers
-        (fedgo_flwr.weighting.past_member_shares); 0 keeps the round's clients alone.
+        Not in the papers: the global models of the last P rounds (fedgo_flwr.teachers.
+        PastTeachers) as more teachers, each holding 1/(K + P) of the weight everywhere, K
+        being the round's teachers (fedgo_flwr.weighting.past_member_shares); 0 keeps the
+        round's clients alone.
     averaged_share : float (default: 0.0)
         Not in the papers: the round's average as one more teacher holding this share of the
         weight everywhere (fedgo_flwr.weighting.with_members); 0 leaves it out.
@@ -126,23 +125,17 @@ class EnsembleDistillation(ServerUpdateFedAvg):
         for name, value, allowed in (("distill_optimizer", distill_optimizer, OPTIMIZERS),
                                      ("distill_schedule", distill_schedule, SCHEDULES),
                                      ("ensemble_space", ensemble_space, ENSEMBLE_SPACES),
-                                     ("view_draw", view_draw, VIEW_DRAWS),
-                                     ("distill_budget", distill_budget, DISTILL_BUDGETS)):
+                                     ("view_draw", view_draw, VIEW_DRAWS)):
             if value not in allowed:
                 raise ValueError(f"{name} is {value!r}; allowed: {', '.join(allowed)}")
         if not 0 <= confidence_threshold < 1:
             raise ValueError(f"confidence_threshold is {confidence_threshold}; allowed: [0, 1)")
-        if past_teachers < 0:
-            raise ValueError(f"past_teachers is {past_teachers}; allowed: >= 0")
         if not 0 <= averaged_share < 1:
             raise ValueError(f"averaged_share is {averaged_share}; allowed: [0, 1)")
         if guard is not None and not callable(getattr(guard, "scores", None)):
             raise TypeError(f"guard is a {type(guard).__name__}; allowed: None, "
                             "fedgo_flwr.guard.ClientsGuard(), LabelledGuard(data) or an object "
                             "with scores(strategy, server_round, candidates)")
-        if budget_probe < 0 or (budget_probe and distill_budget != "disagreement"):
-            raise ValueError(f"budget_probe is {budget_probe}; allowed: >= 0, and 0 unless "
-                             "distill_budget is 'disagreement'")
         if distill_epochs < 0 or distill_batch_size < 1 or distill_lr <= 0:
             raise ValueError("distill_epochs >= 0, distill_batch_size >= 1 and distill_lr > 0 "
                              f"are needed; got {distill_epochs}, {distill_batch_size}, "
@@ -158,11 +151,10 @@ class EnsembleDistillation(ServerUpdateFedAvg):
         self.schedule_rounds = schedule_rounds
         self.ensemble_space, self.views = ensemble_space, 2 if flip_views else 1
         self.view_draw, self.teacher_floor = view_draw, teacher_floor
-        self.confidence_threshold, self.distill_budget = confidence_threshold, distill_budget
-        self.budget_probe = budget_probe
+        self.confidence_threshold = confidence_threshold
+        self.budget = budget_policy(distill_budget, budget_probe)
         self.past_teachers = past_teachers
         self.past = PastTeachers(past_teachers)  # theta_s of the last rounds
-        self.next_past: dict[str, torch.Tensor] | None = None  # this round's, added next round
         self.averaged_share, self.guard = averaged_share, guard
         self.distillation_sets = distillation_sets
 
@@ -178,9 +170,7 @@ class EnsembleDistillation(ServerUpdateFedAvg):
         """Pseudo-label the distillation set once with the weighted ensemble of the round's
         teachers and distil the average toward it (then the guard, if any, keeps one of the
         two); returns the new global model and the round's distillation metrics."""
-        if self.next_past is not None:  # the last round's model joins the past teachers
-            self.past.add(self.next_past)
-            self.next_past = None
+        self.past.begin_round()
         if (drawn := self.round_set(server_round, models)) is None:
             return averaged, {}
         teachers, u = drawn
@@ -201,7 +191,7 @@ class EnsembleDistillation(ServerUpdateFedAvg):
             arrays, metrics["guard-kept-distilled"] = self.accept(server_round, averaged,
                                                                   arrays, report)
         if self.past.keep:  # a teacher from the next round on: the model it starts from
-            self.next_past = arrays.to_torch_state_dict()
+            self.past.remember(arrays.to_torch_state_dict())
         return arrays, {
             "distill-loss": info["distill_loss"], "distill-lr": info["distill_lr"],
             "distill-steps": info["distill_steps"], "distill-teachers": len(teachers),
@@ -225,7 +215,8 @@ class EnsembleDistillation(ServerUpdateFedAvg):
         """y~ on every image the batches meet, once a round, by the weighted ensemble of the
         teachers, the past global models and the average as members (`with_members`), the
         average's own label as the floor; with the disagreement budget only on the steps it
-        keeps. Returns (targets, batches, metrics); what it used goes into report.details."""
+        keeps (`distill_budget`). Returns (targets, batches, metrics); what it used goes into
+        report.details."""
         nets = self.teacher_nets(teachers)
         n_k = torch.tensor([m.num_examples for m in teachers], dtype=torch.float32)
         past = self.past.last(self.past_teachers)
@@ -245,13 +236,10 @@ class EnsembleDistillation(ServerUpdateFedAvg):
 
         start = time.perf_counter()
         metrics = {"past-teachers": len(past)} if self.past_teachers else {}
-        if self.distill_budget == "disagreement":  # the average is the student, undistilled
-            targets, batches, metrics["disagreement"] = budgeted_pseudo_labels(
-                label, lambda t: disagreement(student, u, t, device=self.device,
-                                              amp=self.device.type == "cuda"),
-                batches, probe=self.budget_probe)
-        else:
-            targets = label(batches, None)
+        targets, batches, kept = self.budget.pseudo_labels(  # the student is undistilled yet
+            label, lambda t: disagreement(student, u, t, device=self.device,
+                                          amp=self.device.type == "cuda"), batches)
+        metrics.update(kept)
         report.seconds["pseudo_labelling"] = metrics["pseudo-label-seconds"] = \
             time.perf_counter() - start
         report.details["targets"] = targets

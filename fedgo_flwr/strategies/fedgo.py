@@ -24,13 +24,13 @@ from flwr.serverapp.strategy.strategy_utils import sample_nodes
 from torch import nn
 
 from fedgo_flwr.checks import check_discriminator, check_generator, check_unit_range
-from fedgo_flwr.gan import (LIBRARY, NEGATIVES, OWN, SERVER_SAMPLE, calibrate_discriminator,
-                            calibration_problem, hold_out, log_odds, received_discriminator,
-                            received_negatives, server_sample, train_discriminator,
-                            wgan_generator)
+from fedgo_flwr.calibration import PlattCalibration, calibrate_discriminator, hold_out
+from fedgo_flwr.gan import (LIBRARY, NEGATIVES, OWN, SERVER_SAMPLE, log_odds,
+                            received_discriminator, received_negatives, server_sample,
+                            train_discriminator, wgan_generator)
 from fedgo_flwr.inputs import images_of
 from fedgo_flwr.models import Discriminator, Generator
-from fedgo_flwr.defences import screened
+from fedgo_flwr.defences import OddsScreen
 from fedgo_flwr.replies import examples_problem, payload_bytes, state_problem
 from fedgo_flwr.strategies.base import ClientModel, RoundReport
 from fedgo_flwr.strategies.messages import message_seed
@@ -75,7 +75,8 @@ class FedGO(EnsembleDistillation):
         fedgo_flwr.models.gan), and the clients' `register` gets the same function.
     calibration_fraction : float (default: 0.0)
         Above 0 (not in the paper): each client holds out this share of its data, fits
-        Platt's calibration of D_k on it and the odds are a * logit + b, uncapped.
+        Platt's calibration of D_k on it and the odds are a * logit + b, uncapped
+        (fedgo_flwr.calibration).
     discriminator_negatives : str (default: "generator")
         What D_k learns against: "generator" (G, the paper) or "server-sample" (not in the
         paper: `server_sample_size` images of U, drawn by the seed, sent instead of G).
@@ -83,7 +84,7 @@ class FedGO(EnsembleDistillation):
     odds_screen : float | None (default: None)
         Not in the paper: after the pre-FL stage, leave out of the odds each D_k whose odds
         on U are saturated, constant, or more than this many robust z-scores from the
-        others' (fedgo_flwr.defences.screen_odds); its client still trains. None keeps
+        others' (fedgo_flwr.defences.OddsScreen); its client still trains. None keeps
         every D_k. With the screen on, late discriminators are not taken.
     teachers_per_image : int (default: 0)
         Not in the paper: above 0, only this many teachers of largest w_k(u) (known from the
@@ -111,13 +112,14 @@ class FedGO(EnsembleDistillation):
             check_generator(generator, self.u)
         elif discriminator_negatives == "generator":
             check_unit_range(self.u, "the generator FedGO trains on it")
-        if not 0.0 <= calibration_fraction < 1.0:
-            raise ValueError(f"calibration_fraction is {calibration_fraction}; allowed: [0, 1)")
+        self.calibration = PlattCalibration(calibration_fraction) if calibration_fraction \
+            else None
         if discriminator_negatives not in NEGATIVES:
             raise ValueError(f"discriminator_negatives is {discriminator_negatives!r}; "
                              f"allowed: {', '.join(NEGATIVES)}")
         self.negatives, self.server_sample_size = discriminator_negatives, server_sample_size
-        self.odds_screen, self.generator, self.odds_seconds = odds_screen, generator, 0.0
+        self.odds_screen = OddsScreen(odds_screen) if odds_screen is not None else None
+        self.generator, self.odds_seconds = generator, 0.0
         self.gan = dict(steps=generator_steps, latent_dim=latent_dim, width=generator_width,
                         critic_steps=critic_steps, gp_weight=gp_weight, lr=gan_lr,
                         batch_size=gan_batch_size)
@@ -162,23 +164,12 @@ class FedGO(EnsembleDistillation):
         if not self.log_odds:
             raise RuntimeError(f"pre-FL: no client returned a usable discriminator "
                                f"(left out: {report.left_out or 'none answered'})")
-        if self.odds_screen is not None:
-            self.screen(report)
+        if self.odds_screen is not None:  # D_k far from the others leave the odds
+            report.details["screened"] = self.odds_screen.apply(
+                self.log_odds, self.discriminators, capped=self.calibration is None)
         log(INFO, "pre-FL: %d of %d discriminators in%s", len(self.log_odds), len(nodes),
             f"; {len(self.pending)} may still come" if self.pending else "")
         self.notify(report)
-
-    def screen(self, report: RoundReport) -> None:
-        """`odds_screen`: D_k whose odds on U are saturated, constant or far from the rest
-        leave the odds; their clients train on."""
-        report.details["screened"] = screened(
-            self.log_odds, not self.discriminator_config["calibration-fraction"], self.odds_screen)
-        for key, why in report.details["screened"].items():
-            log(WARNING, "pre-FL: the discriminator of client %s leaves the odds: %s", key, why)
-            del self.log_odds[key], self.discriminators[key]
-        if not self.log_odds:
-            raise RuntimeError(f"pre-FL: the screen left no discriminator: "
-                               f"{report.details['screened']}")
 
     def train_generator(self) -> Generator:
         """G1: WGAN-GP on U, seeded."""
@@ -252,17 +243,14 @@ class FedGO(EnsembleDistillation):
         why = (state_problem(content.array_records.get("discriminator"),
                              self.discriminator_template)
                or examples_problem(metrics, "num-examples"))
-        if why or not self.discriminator_config["calibration-fraction"]:
-            return why
-        return calibration_problem(metrics)
+        return why or (self.calibration.problem(metrics) if self.calibration else None)
 
     def odds_on_u(self, key, reply: Message) -> torch.Tensor:
         """log Phi_k on every view of U, [V, |U|] (D_k kept for other distillation sets)."""
         d = self.discriminator_fn()
         d.load_state_dict(reply.content.array_records["discriminator"].to_torch_state_dict())
         metrics = reply.content.metric_records["metrics"]
-        calibration = ((float(metrics["odds-scale"]), float(metrics["odds-shift"]))
-                       if self.discriminator_config["calibration-fraction"] else None)
+        calibration = self.calibration.of(metrics) if self.calibration else None
         self.discriminators[key] = (d.eval(), calibration)
         return self.odds_on(d, calibration, self.u)
 
