@@ -4,7 +4,7 @@ trains its own architecture's. With one architecture the joined state is that mo
 
 from __future__ import annotations
 
-from logging import INFO
+from logging import INFO, WARNING
 from typing import Callable
 
 import torch
@@ -46,29 +46,33 @@ class Architectures:
     def heterogeneous(self) -> bool:
         return len(self.names) > 1
 
-    def count_up(self, by_architecture: dict, replies: list[Message],
-                 partition_of: Callable[[Message], int | None]) -> None:
-        """Add each reply's bytes to its architecture's "up" (replies of partitions not asked
-        this round are not counted)."""
-        for reply in replies:
-            pid = partition_of(reply)
+    def count(self, by_architecture: dict, way: str, messages: list[Message],
+              partition_of: Callable[[Message], int | None]) -> None:
+        """Add each message's bytes to its architecture's `way` ("down", "up"); those of
+        partitions not asked this round are not counted."""
+        for message in messages:
+            pid = partition_of(message)
             if pid is not None:
-                up = by_architecture.setdefault(self.of(pid), {})
-                up["up"] = up.get("up", 0) + payload_bytes([reply])
+                entry = by_architecture.setdefault(self.of(pid), {})
+                entry[way] = entry.get(way, 0) + payload_bytes([message])
 
     def combine(self, models: list[ClientModel],
                 combine: Callable[[list[ClientModel]], tuple[ArrayRecord | None, list | None]],
-                previous: dict[str, dict]) -> tuple[ArrayRecord | None, dict]:
+                previous: dict[str, dict], when: str, aggregator: str
+                ) -> tuple[ArrayRecord | None, dict]:
         """The round's average: each architecture's models combined among themselves
         (`combine`: (the combination or None, the positions it selected or None)), joined,
         and what the record says of it ("selected": the partitions Krum's rules kept,
-        "kept_previous": the architectures whose model stays, `previous`'s). None: one
-        architecture, and it kept its model."""
+        "kept_previous": the architectures whose model stays, `previous`'s, logged). None:
+        one architecture, and it kept its model."""
         averaged, info = {}, {}
         for a in self.names:
             group = [m for m in models if self.of(m.key) == a]
             combined, selected = combine(group) if group else (None, None)
             if combined is None:
+                log(WARNING, "%s: %s%s; its global model is unchanged", when,
+                    f"{len(group)} usable models are too few for aggregator {aggregator}"
+                    if group else "no usable model", f" of {a}" if self.heterogeneous else "")
                 info.setdefault("kept_previous", []).append(a)
                 if not self.heterogeneous:
                     return None, info

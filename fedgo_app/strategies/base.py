@@ -192,28 +192,21 @@ class FedAvgStrategy(ServerUpdateFedAvg):
             entry.setdefault("replies", {})["absent"] = sorted(self.absent)
             log(WARNING, "round %d: partitions %s are absent from sampling", server_round,
                 sorted(self.absent))
-        self.count_down(server_round, messages)
+        self.count(server_round, "down", messages)
         log(INFO, "round %d: training on partitions %s", server_round, pids)
         self._sent_at, self._cpu_at = time.perf_counter(), time.process_time()
         return messages
 
-    def count_down(self, server_round: int, messages: list[Message]) -> None:
-        """The bytes the round sends (by architecture in a mixed federation)."""
-        self.record.sent("main_fl", "down", payload_bytes(messages), server_round)
+    def count(self, server_round: int, way: str, messages: list[Message]) -> None:
+        """The bytes the round sends (`way` "down") or its replies carry ("up"), by
+        architecture too in a mixed federation."""
+        self.record.sent("main_fl", way, payload_bytes(messages), server_round)
         if self.architectures.heterogeneous:
-            down = {a: {"down": 0} for a in self.architectures.names}
-            for m in messages:
-                arch = self.architectures.of(self.sampled[m.metadata.dst_node_id])
-                down[arch]["down"] += payload_bytes([m])
-            self.record.round(server_round)["bytes_by_architecture"] = down
-
-    def count_up(self, server_round: int, replies: list[Message]) -> None:
-        """The bytes the round's replies carry (by architecture in a mixed federation)."""
-        self.record.sent("main_fl", "up", payload_bytes(replies), server_round)
-        if self.architectures.heterogeneous:
-            by_arch = self.record.round(server_round).setdefault("bytes_by_architecture", {})
-            self.architectures.count_up(by_arch, replies, lambda reply: self.sampled.get(
-                self.mailbox.node_of(reply)))
+            entry = self.record.round(server_round)
+            by_arch = entry.setdefault("bytes_by_architecture", {
+                a: {"down": 0} for a in self.architectures.names})  # (down comes first)
+            self.architectures.count(by_arch, way, messages, lambda m: self.sampled.get(
+                m.metadata.dst_node_id if way == "down" else self.mailbox.node_of(m)))
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
@@ -222,7 +215,7 @@ class FedAvgStrategy(ServerUpdateFedAvg):
         server_round = self.current_round = server_round + self.offset
         replies = list(replies)
         self.record.time("client_training", time.perf_counter() - self._sent_at, server_round)
-        self.count_up(server_round, replies)
+        self.count(server_round, "up", replies)
         self._templates = self.architectures.templates()
         return super().aggregate_train(server_round, replies)
 
@@ -242,13 +235,8 @@ class FedAvgStrategy(ServerUpdateFedAvg):
         start = time.perf_counter()
         averaged, info = self.architectures.combine(models, lambda group: (
             super(FedAvgStrategy, self).combine(server_round, group), self.aggregate_fn.selected),
-            self.architectures.globals_of(self._sent_state))
-        for a in info.get("kept_previous", []):
-            usable = sum(self.architectures.of(m.key) == a for m in models)
-            log(WARNING, "round %d: %s%s; its global model is unchanged", server_round,
-                f"{usable} usable models are too few for aggregator {self.cfg.aggregator}"
-                if usable else "no usable model",
-                f" of {a}" if self.architectures.heterogeneous else "")
+            self.architectures.globals_of(self._sent_state),
+            f"round {server_round}", self.cfg.aggregator)
         if info:
             self.record.round(server_round)["aggregation"] = info
         if averaged is not None:
