@@ -251,3 +251,22 @@ def test_fedgos_negatives_can_be_a_sample_of_u_and_its_odds_screened():
     assert set(stage.details["screened"]).isdisjoint(strategy.log_odds) and strategy.log_odds
     with pytest.raises(ValueError, match="discriminator_negatives is 'noise'; allowed"):
         FedGO(unlabeled_data=U, model_fn=UserNet, discriminator_negatives="noise")
+
+
+def test_failed_rounds_count_only_rounds_with_replies_none_usable_and_reset():
+    """max_failed_rounds' count: a round without replies says nothing, a usable reply resets
+    it, the limit-th unusable round in a row raises with the first reason, None never does."""
+    from fedgo_flwr.strategies.rounds import FailedRounds
+    failures = FailedRounds(2)
+    failures.count(1, 3, 0, {7: "no ArrayRecord ['arrays']"})
+    failures.count(2, 0, 0, {})  # reached nobody
+    failures.count(3, 2, 1, {})  # one usable
+    assert failures.in_a_row == 0
+    failures.count(4, 1, 0, {8: "duplicate reply"})
+    with pytest.raises(RuntimeError, match="2 rounds in a row .* round 5: shape"):
+        failures.count(5, 1, 0, {9: "shape"})
+    never = FailedRounds(None)
+    for t in range(5):
+        never.count(t, 1, 0, {1: "x"})
+    with pytest.raises(ValueError, match="max_failed_rounds is 0; allowed: >= 1 or None"):
+        FailedRounds(0)

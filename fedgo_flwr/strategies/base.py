@@ -35,7 +35,7 @@ from fedgo_flwr.replies import arrays_problem, examples_problem, payload_bytes, 
 from fedgo_flwr.sampling import ClientKeys, sample_clients
 from fedgo_flwr.seeds import round_seed
 from fedgo_flwr.strategies.messages import METHOD_KEY, training_problem
-from fedgo_flwr.strategies.rounds import FAILED, ClientModel, RoundReport
+from fedgo_flwr.strategies.rounds import FAILED, ClientModel, FailedRounds, RoundReport
 from fedgo_flwr.train import resolve_device
 
 
@@ -105,9 +105,7 @@ class ServerUpdateFedAvg(FedAvg):
         super().__init__(**kwargs)
         if not (isinstance(proximal_mu, (int, float)) and proximal_mu >= 0):
             raise ValueError(f"proximal_mu is {proximal_mu!r}; allowed: a number >= 0")
-        if max_failed_rounds is not None and max_failed_rounds < 1:
-            raise ValueError(f"max_failed_rounds is {max_failed_rounds!r}; allowed: >= 1 or None")
-        self.max_failed_rounds, self.failed_rounds = max_failed_rounds, 0
+        self.failures = FailedRounds(max_failed_rounds)
         self.model_fn, self.seed = model_fn, seed
         self.device = resolve_device(str(device)) if device is not None else resolve_device()
         self.aggregate_fn = aggregate_fn or mean_of_replies
@@ -306,7 +304,7 @@ class ServerUpdateFedAvg(FedAvg):
         replies = list(replies)
         models = self.client_models(server_round, replies)
         log(INFO, "aggregate_train: %d usable client model(s)", len(models))
-        self.count_failure(server_round, replies, models)
+        self.failures.count(server_round, len(replies), len(models), self.left_out)
         report = RoundReport(server_round, dict(self.sampled), models, self.left_out, None,
                              None, {}, bytes={"up": payload_bytes(replies)})
         if models:
@@ -327,23 +325,6 @@ class ServerUpdateFedAvg(FedAvg):
     def combine(self, server_round: int, models: list[ClientModel]) -> ArrayRecord | None:
         """The usable models combined by `aggregate_fn` (None: the global model stays)."""
         return self.aggregate_fn([m.content for m in models], self.weighted_by_key)
-
-    def count_failure(self, server_round: int, replies: list[Message],
-                      models: list[ClientModel]) -> None:
-        """Rounds in a row whose replies were all unusable: the first reason logged, and
-        raised after `max_failed_rounds` of them."""
-        if models:
-            self.failed_rounds = 0
-        if models or not replies:  # a round that reached no client says nothing of them
-            return
-        self.failed_rounds += 1
-        first = next(iter(self.left_out.values()))
-        log(WARNING, "round %d: none of the %d replies is usable (%d such round(s) in a "
-            "row); the first: %s", server_round, len(replies), self.failed_rounds, first)
-        if self.max_failed_rounds and self.failed_rounds >= self.max_failed_rounds:
-            raise RuntimeError(f"{self.failed_rounds} rounds in a row without a usable client "
-                               f"reply (max_failed_rounds); the first of round {server_round}: "
-                               f"{first}")
 
     def server_update(self, server_round: int, averaged: ArrayRecord,
                       models: list[ClientModel], report: RoundReport

@@ -1,12 +1,15 @@
 """What a round of the library's strategies is made of, for the server update and the
-observers: each usable client model (`ClientModel`) and the whole round (`RoundReport`)."""
+observers: each usable client model (`ClientModel`) and the whole round (`RoundReport`); and
+the count of rounds without a usable reply (`FailedRounds`, `max_failed_rounds`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from logging import WARNING
 
 import torch
 from flwr.app import ArrayRecord, RecordDict
+from flwr.common.logger import log
 
 from fedgo_flwr.aggregation import reply_weight
 from fedgo_flwr.replies import FAILED  # noqa: F401 (the round's reasons, with the round)
@@ -52,3 +55,30 @@ class RoundReport:
     details: dict = field(default_factory=dict)
     seconds: dict = field(default_factory=dict)
     bytes: dict = field(default_factory=dict)
+
+
+class FailedRounds:
+    """Rounds in a row whose replies were all unusable (`max_failed_rounds`): the first
+    reason logged, and raised after `limit` of them (None: never), so that a run that cannot
+    learn does not end with empty metrics."""
+
+    def __init__(self, limit: int | None = 3):
+        if limit is not None and (not isinstance(limit, int) or limit < 1):
+            raise ValueError(f"max_failed_rounds is {limit!r}; allowed: >= 1 or None")
+        self.limit, self.in_a_row = limit, 0
+
+    def count(self, server_round: int, replies: int, usable: int, left_out: dict) -> None:
+        """After a round of `replies` replies, `usable` of them usable (`left_out`: why
+        each other was left out)."""
+        if usable:
+            self.in_a_row = 0
+        if usable or not replies:  # a round that reached no client says nothing of them
+            return
+        self.in_a_row += 1
+        first = next(iter(left_out.values()))
+        log(WARNING, "round %d: none of the %d replies is usable (%d such round(s) in a "
+            "row); the first: %s", server_round, replies, self.in_a_row, first)
+        if self.limit and self.in_a_row >= self.limit:
+            raise RuntimeError(f"{self.in_a_row} rounds in a row without a usable client "
+                               f"reply (max_failed_rounds); the first of round {server_round}: "
+                               f"{first}")
