@@ -87,6 +87,11 @@ class Config(PreFLKeys, DistillationKeys, NodeKeys, RoundKeys, DataKeys, RunKeys
         return spec.keys(**{d.field: self.strategy_keys[d.name]
                             for d in declared(spec.keys, spec.name)})
 
+    def keywords(self, strategy: str) -> dict:
+        """The keys `strategy` declares as the library strategy's keywords of the same
+        names."""
+        return dataclasses.asdict(self.keys(strategy))
+
     def unread_keys(self) -> list[str]:
         """Keys set away from their default that the chosen strategy never reads."""
         reads = {*EVERY_STRATEGY, *STRATEGIES.reads(self.strategy, self.strategy_keys),

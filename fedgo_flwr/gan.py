@@ -229,6 +229,28 @@ def log_odds(discriminator: Discriminator, x: torch.Tensor, *, device: torch.dev
     return apply_in_batches(discriminator.logit, x, device=device, flip=flip) * a + b
 
 
+class KeptDiscriminators(dict):
+    """The server's D_k by client key, each (D_k, its calibration or None), built by
+    `discriminator_fn`; a checkpoint holds their weights (`state_dict`)."""
+
+    def __init__(self, discriminator_fn: Callable[[], nn.Module]):
+        super().__init__()
+        self.discriminator_fn = discriminator_fn
+
+    def keep(self, key, weights: dict[str, torch.Tensor], calibration) -> nn.Module:
+        d = self.discriminator_fn()
+        d.load_state_dict(weights)
+        self[key] = (d.eval(), calibration)
+        return d
+
+    def state_dict(self) -> dict:
+        return {key: (d.state_dict(), calibration) for key, (d, calibration) in self.items()}
+
+    def load_state_dict(self, state: dict) -> None:
+        for key, (weights, calibration) in state.items():
+            self.keep(key, weights, calibration)
+
+
 def to_images(x: torch.Tensor) -> torch.Tensor:
     """Generator output in [-1, 1] as uint8 images, the form U has."""
     return ((x.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)

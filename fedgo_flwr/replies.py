@@ -44,6 +44,23 @@ def examples_problem(metrics: MetricRecord | None, key: str) -> str | None:
     return None
 
 
+def train_reply_problem(content: RecordDict, model_key: str, template: dict[str, torch.Tensor],
+                        extras: dict[str, dict[str, torch.Tensor] | None],
+                        examples_key: str) -> str | None:
+    """Why a train reply's content cannot be used, or None: one MetricRecord with a positive
+    n_k (`examples_key`), the model (`model_key`) fitting `template`, each of `extras` there
+    and fitting its template."""
+    if len(content.metric_records) != 1:
+        return f"{len(content.metric_records)} MetricRecords, expected one"
+    (metrics,) = content.metric_records.values()
+    missing = [k for k in (model_key, *extras) if k not in content.array_records]
+    if missing:
+        return f"no ArrayRecord {missing}"
+    return (examples_problem(metrics, examples_key)
+            or state_problem(content.array_records[model_key], template)
+            or arrays_problem(content.array_records, extras))
+
+
 def payload_bytes(contents: list[Message | RecordDict]) -> int:
     """Bytes of every ArrayRecord in these messages (error replies carry none) or contents;
     replies are counted as they arrived, before any is checked."""

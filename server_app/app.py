@@ -101,8 +101,7 @@ def run(grid: Grid, cfg: Config) -> Path:
     run_dir = cfg.results_path / run_name
     strategy.discover(grid)  # node ids change between runs; partition ids do not
     if resumed:
-        strategy.load_state_dict(resumed["strategy"])
-        strategy.offset = resumed["round"]  # and the pre-FL stage is skipped
+        strategy.load_state_dict(resumed["strategy"])  # its rounds done: no pre-FL stage
         arrays = ArrayRecord(resumed["model"])
         record.data.setdefault("resumed", []).append(
             {"after_round": resumed["round"], "from": str(path),
@@ -112,11 +111,9 @@ def run(grid: Grid, cfg: Config) -> Path:
     else:
         arrays = strategy.initial_model()  # theta_s^0 (of each architecture): the seed alone
 
-    def evaluate(flower_round: int, arrays: ArrayRecord):
-        """Flower's evaluate_fn: the round's evaluation, then its checkpoint."""
-        server_round = flower_round + strategy.offset
-        if flower_round == 0 and strategy.offset:
-            return None  # evaluated before its checkpoint
+    def evaluate(server_round: int, arrays: ArrayRecord):
+        """Flower's evaluate_fn (given the run's round): the round's evaluation, then its
+        checkpoint."""
         metrics = strategy.evaluate_round(server_round, arrays)
         if server_round:
             checkpoint.save(run_dir, server_round, {
@@ -125,7 +122,7 @@ def run(grid: Grid, cfg: Config) -> Path:
         return metrics
 
     result = strategy.start(grid=RoundGrid(strategy), initial_arrays=arrays,
-                            num_rounds=cfg.num_server_rounds - strategy.offset,
+                            num_rounds=cfg.num_server_rounds - strategy.rounds_done,
                             timeout=cfg.round_timeout, train_config=strategy.train_config(),
                             evaluate_fn=evaluate)
     final = result.arrays if result.arrays is not None else arrays

@@ -76,7 +76,7 @@ def test_fedgo_and_feddf_distil_on_the_same_generated_set(tiny_config, generator
                                                   torch.device("cpu")),
                                       RunRecord(cfg.to_run_config(), cfg.run_name))
         strategy_.discover(grid)
-        strategy_.prepare(grid)
+        strategy_.pre_fl(grid, 60)
         seen[strategy] = strategy_.u
     assert torch.equal(seen["fedgo"], expected) and torch.equal(seen["feddf"], expected)
     # the set is checkpointed: a resumed run (no pre-FL stage) distils on the same images
@@ -109,7 +109,7 @@ def test_a_redrawn_set_is_new_each_round_and_fedgo_scores_it_after_a_resume(
 
     first = strategy("first")
     first.discover(grid)
-    first.prepare(grid)
+    first.pre_fl(grid, 60)
     redrawn = first.distillation_set(2)
     expected = draw_images(g, 40, seed=round_seed(cfg.seed, 2), device=torch.device("cpu"))
     assert torch.equal(redrawn, expected) and not torch.equal(first.u, expected)

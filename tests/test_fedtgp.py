@@ -100,3 +100,9 @@ def test_fedtgp_checks_its_model_and_runs_through_the_grid():
     metrics = result.train_metrics_clientapp
     assert metrics[3]["prototypes-known"] == CLASSES and metrics[3]["tgp-loss"] >= 0
     assert result.evaluate_metrics_serverapp[3]["accuracy"] > 2 / CLASSES  # chance: 1/4
+    # its state_dict carries P into a new FedTGP (one that builds TGP lazily, as this one)
+    again = FedTGP(model_fn=lambda: MLP(shape), num_classes=CLASSES, device="cpu")
+    assert again.tgp is None
+    again.load_state_dict(strategy.state_dict())
+    assert again.rounds_done == 3 and torch.equal(again.known, strategy.known)
+    assert torch.equal(again.tgp().detach(), strategy.tgp().detach())

@@ -9,6 +9,7 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord
 
+from fedgo_app.server import checkpoint
 from fedgo_flwr import FedDF, FedGO
 from fedgo_flwr.guard import ClientsGuard, LabelledGuard, kept
 from fedgo_flwr.presets import BEST_ROW
@@ -16,7 +17,7 @@ from fedgo_flwr.sampling import sample_clients
 from fedgo_flwr.strategies.base import RoundReport
 from fedgo_flwr.weighting import uniform_weights
 from fedgo_lab.inprocess import InProcessGrid
-from test_library import (NODES, PARTS, SMALL, SMALL_GAN, TEST, U, UserNet, run,
+from test_library import (NODES, PARTS, SMALL, SMALL_GAN, TEST, TRAINING, U, UserNet, run,
                           user_client_app)
 
 pytestmark = pytest.mark.app
@@ -270,3 +271,43 @@ def test_failed_rounds_count_only_rounds_with_replies_none_usable_and_reset():
         never.count(t, 1, 0, {1: "x"})
     with pytest.raises(ValueError, match="max_failed_rounds is 0; allowed: >= 1 or None"):
         FailedRounds(0)
+
+
+def test_a_strategy_resumes_from_its_state_dict_where_it_left_off():
+    """Two rounds, then `state_dict()` (and the RNG's state); a new FedGO (the README's best row: D_k, odds, past
+    teachers, the guard) given it and round 2's model runs rounds 3-4 as the uninterrupted
+    run does, without the pre-FL stage, evaluate_fn given the run's rounds."""
+    def fedgo(reports):  # (the cosine schedule over the whole run's rounds)
+        return FedGO(unlabeled_data=U, model_fn=UserNet, observers=[reports], schedule_rounds=4,
+                     **BEST_ROW, **{**SMALL, **SMALL_GAN})
+
+    def start(strategy, arrays, rounds, seen):
+        return strategy.start(grid=InProcessGrid(user_client_app(), {}, NODES),
+                              initial_arrays=arrays, num_rounds=rounds,
+                              train_config=TRAINING, evaluate_fn=lambda t, a: seen.append(t))
+
+    def initial():
+        torch.manual_seed(0)
+        return ArrayRecord(UserNet().state_dict())
+
+    straight, seen = Reports(), []
+    whole = start(fedgo(straight), initial(), 4, seen)
+    first, resumed, seen_first, seen_resumed = Reports(), Reports(), [], []
+    strategy = fedgo(first)
+    halfway = start(strategy, initial(), 2, seen_first)
+    state, rng = strategy.state_dict(), checkpoint.rng_states()  # (in-process clients draw
+    # from this process's RNGs: the app's checkpoint keeps them too)
+    assert state["rounds_done"] == 2 and len(state["discriminators"]) == NODES
+    again = fedgo(resumed)
+    again.load_state_dict(state)
+    checkpoint.set_rng_states(rng)
+    rest = start(again, halfway.arrays, 2, seen_resumed)
+    assert (seen, seen_first, seen_resumed) == ([0, 1, 2, 3, 4], [0, 1, 2], [3, 4])
+    assert not resumed.stages and len(straight.stages) == 1  # no second pre-FL stage
+    assert [r.server_round for r in resumed] == [3, 4]
+    for a, b in zip(straight[2:], resumed):
+        untimed = [{k: v for k, v in r.metrics.items() if not k.endswith("seconds")}
+                   for r in (a, b)]
+        assert a.sampled == b.sampled and untimed[0] == pytest.approx(untimed[1], nan_ok=True)
+    end, got = whole.arrays.to_torch_state_dict(), rest.arrays.to_torch_state_dict()
+    assert all(torch.allclose(end[k].double(), got[k].double(), atol=1e-6) for k in end)

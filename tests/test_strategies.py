@@ -41,8 +41,8 @@ class ThrowawayKeys:
 class Throwaway(FedAvgStrategy):
     """Asks every client, before the rounds, for factor * (sum of its labels)."""
 
-    def prepare(self, grid):
-        super().prepare(grid)
+    def pre_fl(self, grid, timeout):
+        super().pre_fl(grid, timeout)
         factor = self.cfg.keys("throwaway").factor
         msgs = [Message(RecordDict({"config": config_record(factor=factor)}), dst_node_id=c.node_id,
                         message_type="query.label_sum")

@@ -1,9 +1,10 @@
 """Checkpoints after every round, and resuming from one.
 
-A checkpoint holds everything the next round needs: the round, the global model, what the
-strategy carries across rounds (FedGO's cached odds, FedGen's generator with its optimiser and
-scheduler, DaFKD's generator and head; see `carried`), the server's RNG states, the run config
-and the record so far. It is written to a temporary file and renamed, so a run killed while
+A checkpoint holds everything the next round needs: the round, the global model, the
+strategy's `state_dict` (the library's: the rounds done and what the method carries across
+rounds, FedGO's D_k and cached odds, FedGen's generator with its optimiser and scheduler, ...;
+the app's: a generated distillation set), the server's RNG states, the run config and the
+record so far. It is written to a temporary file and renamed, so a run killed while
 saving leaves the previous checkpoint whole. Client training needs nothing from it: every
 client draws its randomness from seeds the server sends each round.
 """
@@ -17,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-FORMAT = 1
+FORMAT = 2  # 2: the strategy's state is the library's state_dict
 FOLDER = "checkpoints"
 
 

@@ -8,8 +8,9 @@ aggregator (the library's `aggregate_fn`: fedgo_flwr.aggregation.Aggregator) and
 colluders (fedgo_app.attacks: `client_models`), central and personal evaluation (`Evaluation`),
 and the run record (an observer) and checkpoints.
 
-Subclasses are the library's strategies with the run config as keywords; they add a pre-FL
-stage (`prepare`) and name what they carry from round to round (`carried`, checkpointed).
+Subclasses are the library's strategies with the run config as keywords; what the app adds
+to a pre-FL stage comes before the library's (`pre_fl`), and a checkpoint holds the
+library's `state_dict` with what the app adds to it.
 """
 
 from __future__ import annotations
@@ -53,10 +54,6 @@ class FedAvgStrategy(ServerUpdateFedAvg):
     mixes_architectures = True
     needs_label_counts = False  # clients send their label counts at discovery (FedGO's
     # class-count rule; the diagnostics' label oracle asks for them too)
-    # Attributes that carry from one round to the next (modules, optimisers and schedulers by
-    # their state_dict, anything else as is): what a checkpoint holds beside the global model.
-    carried: tuple[str, ...] = ()
-
     def __init__(self, setup: ServerSetup, record: RunRecord, **keywords):
         """`keywords`: more of the library strategy's (an ensemble strategy's)."""
         cfg = setup.cfg
@@ -70,8 +67,7 @@ class FedAvgStrategy(ServerUpdateFedAvg):
         # `evaluate_round`, by partition. (Said after the constructor, which would warn.)
         self.fraction_evaluate, self.min_evaluate_nodes = 0.0, 0
         self.setup, self.cfg, self.record = setup, cfg, record
-        self.offset = 0  # rounds done before this `start` (a resumed run's)
-        self.current_round = 0  # the round being configured or aggregated (0: pre-FL)
+        self.current_round = 0  # the run's round being configured or aggregated (0: pre-FL)
         self.membership = Membership(setup, record)
         self.architectures = Architectures(setup)
         self.evaluation = Evaluation(setup, record, self.architectures, self.membership,
@@ -79,7 +75,6 @@ class FedAvgStrategy(ServerUpdateFedAvg):
         self._sent_at = 0.0
         self._sent_state: dict[str, torch.Tensor] = {}
         self.sampled: dict[int, int] = {}  # node id -> partition id of this round
-        self.grid = None  # the round's grid (a RoundGrid), as the library's strategies keep it
 
     @property
     def clients(self) -> ClientDirectory | None:
@@ -97,16 +92,8 @@ class FedAvgStrategy(ServerUpdateFedAvg):
         """A client's key: its partition id (None: a node not known)."""
         return self.clients.partition_of(node_id) if self.clients is not None else None
 
-    # --- pre-FL
-    def pre_fl(self, grid: Grid, timeout: float) -> None:
-        """`start`'s pre-FL stage, skipped by a resumed run (its checkpoint holds what the
-        stage made)."""
-        if not self.offset:
-            self.prepare(grid)
-
-    def prepare(self, grid: Grid) -> None:
-        """The pre-FL stage, once `discover` knows the clients; FedAvg has none."""
-
+    # --- before round 1 (the pre-FL stage is the library's `pre_fl`, once `discover` knows
+    # the clients; a resumed run skips it: its checkpoint holds what the stage made)
     def discover(self, grid: Grid) -> None:
         """Learn the clients (partition id, node id, n_k, architecture) before the first
         round; a mixed federation's global model is every architecture's, joined."""
@@ -175,16 +162,16 @@ class FedAvgStrategy(ServerUpdateFedAvg):
     def template_of(self, key: int) -> dict[str, torch.Tensor]:
         return self._templates[self.architectures.of(key)]
 
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+    def configure_train(self, flower_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
-        """Flower's round `server_round` of this `start` is the run's round offset + it:
-        the partitions that answer again rejoin, then the library's round."""
-        server_round = self.current_round = server_round + self.offset
+        """The partitions that answer again rejoin, then the library's round (Flower's round
+        `flower_round` of this `start` is the run's rounds_done + it)."""
+        server_round = self.current_round = flower_round + self.rounds_done
         self.membership.refresh(grid, server_round, self.architectures.names)
         self._sent_state = arrays.to_torch_state_dict()  # theta_g, for colluding liars
         self._sent = {a: ArrayRecord(g) for a, g in
                       self.architectures.globals_of(self._sent_state).items()}
-        messages = list(super().configure_train(server_round, arrays, config, grid))
+        messages = list(super().configure_train(flower_round, arrays, config, grid))
         pids = sorted(self.sampled.values())
         entry = self.record.round(server_round)
         entry["clients"] = pids
@@ -208,16 +195,16 @@ class FedAvgStrategy(ServerUpdateFedAvg):
             self.architectures.count(by_arch, way, messages, lambda m: self.sampled.get(
                 m.metadata.dst_node_id if way == "down" else self.mailbox.node_of(m)))
 
-    def aggregate_train(self, server_round: int, replies: Iterable[Message]
+    def aggregate_train(self, flower_round: int, replies: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """The library's round, timed and counted; partitions that missed the round are
         absent until they answer again (`record_round`)."""
-        server_round = self.current_round = server_round + self.offset
+        server_round = self.current_round = flower_round + self.rounds_done
         replies = list(replies)
         self.record.time("client_training", time.perf_counter() - self._sent_at, server_round)
         self.count(server_round, "up", replies)
         self._templates = self.architectures.templates()
-        return super().aggregate_train(server_round, replies)
+        return super().aggregate_train(flower_round, replies)
 
     def client_models(self, server_round: int, replies: Iterable[Message]) -> list[ClientModel]:
         """The library's usable replies, the colluders' (ALIE, IPM) as they would send them."""
@@ -270,25 +257,6 @@ class FedAvgStrategy(ServerUpdateFedAvg):
                                / sum(w for w, _ in reported)) if reported else float("nan")
         entry["client_seconds"] = sum(float(m.metrics.get("train-seconds", 0.0))
                                       for m in report.clients)
-
-    # --- checkpoints
-    def state_dict(self) -> dict:
-        """What carries across rounds (see `carried`, and the clients' method's)."""
-        state = {name: (value.state_dict() if hasattr(value, "state_dict") else value)
-                 for name in self.carried for value in [getattr(self, name)]}
-        if self.client_method is not None:
-            state["client_method"] = self.client_method.state_dict()
-        return state
-
-    def load_state_dict(self, state: dict) -> None:
-        if self.client_method is not None:
-            self.client_method.load_state_dict(state["client_method"])
-        for name in self.carried:
-            current = getattr(self, name)
-            if hasattr(current, "load_state_dict"):
-                current.load_state_dict(state[name])
-            else:
-                setattr(self, name, state[name])
 
     # --- central evaluation (after each round, and for round 0)
     def evaluate_round(self, server_round: int, arrays: ArrayRecord) -> MetricRecord:

@@ -1,22 +1,10 @@
-"""DaFKD (Wang et al., CVPR 2023), domain-aware federated knowledge distillation, data-free.
-
-Every round each sampled client trains its classifier together with a discriminator D_k on it
-(a linear head on the classifier's latent layer, `features`) that tells S_k from the samples of
-the global generator G; in the first `dafkd-gan-rounds` rounds it also trains G against D_k
-(collaborative GAN). The server averages the classifiers, the discriminator heads and (in
-those rounds) G, all by n_k, generates the round's distillation set with the global G, and
-distils the averaged model on it with the ensemble weights w_k(x) = D_k(x) / sum_i D_i(x)
-(the FedGO paper's summary of DaFKD), D_k being this round's client k's discriminator.
-
-Where the FedGO paper's summary is silent this follows DaFKD's public code as algorithms.md
-records it: the discriminator is a head on the classifier trunk (so the trunk learns from the
-discriminator loss too; classifier and discriminator share one Adam optimiser, the generator has
-its own, betas (0.5, 0.999)); the generator is trained in the first rounds only, and sent down
-every round so the clients' discriminators keep facing it. The public code distils at
-temperature 10; here DaFKD uses the server update every ensemble strategy shares (temperature
-1, `server-epochs` passes, no labelled data), so DaFKD, FedDF and FedGO differ only where the
-methods differ. The generated images are stored as 8-bit images, as U is. The generator is
-FedGO's (`latent-dim`, `generator-width`); the server's unlabeled set U is not used.
+"""DaFKD (Wang et al., CVPR 2023) in the app: the library's DaFKD
+(fedgo_flwr/strategies/dafkd.py, with where it follows the paper's summary and where DaFKD's
+public code) with the run config as its keywords. Its distillation is the server update every
+ensemble strategy shares (temperature 1, `server-epochs` passes, no labelled data, where the
+public code distils at temperature 10), so DaFKD, FedDF and FedGO differ only where the
+methods differ; its generator is FedGO's shape (`latent-dim`, `generator-width`), trained in
+the first `dafkd-gan-rounds` rounds, and the server's unlabeled set U is not used.
 """
 
 from __future__ import annotations
@@ -53,7 +41,6 @@ class DaFKDApp(EnsembleApp, LibraryDaFKD):
     mixes_architectures = False  # one discriminator head on one latent space
     draws_distillation_set = False  # its own, from its collaboratively trained G, every round
     has_discriminators = True
-    carried = ("generator", "head")  # the global G and D head; the rest is made each round
 
     def __init__(self, setup: ServerSetup, record: RunRecord):
         cfg = setup.cfg

@@ -88,7 +88,6 @@ class EnsembleApp(FedAvgStrategy, LibraryEnsemble):
         super().__init__(setup, record, unlabeled_data=setup.u, **distillation_keywords(setup),
                          **keywords)
         self._generator: Generator | None = None
-        self._grid = None  # the pre-FL stage's, for a generator the clients train (FedGAN)
         # theta_s of the last rounds (`past-teachers`, or the diagnostics')
         self.past = PastTeachers(self.cfg.past_teachers
                                  or (PAST_TEACHERS if self.cfg.diagnostics else 0))
@@ -99,7 +98,7 @@ class EnsembleApp(FedAvgStrategy, LibraryEnsemble):
         """G from `generator-source`, obtained once per run (FedGAN's during the pre-FL
         stage, with the clients)."""
         if self._generator is None:
-            self._generator = (fedgan_generator(self, self._grid)
+            self._generator = (fedgan_generator(self, self.grid)
                                if self.cfg.generator_source == "fedgan"
                                else obtain_generator(self.cfg, self.setup, self.record))
         return self._generator
@@ -108,11 +107,9 @@ class EnsembleApp(FedAvgStrategy, LibraryEnsemble):
     def generated_set(self) -> bool:
         return self.cfg.distill_set == "generated" and self.draws_distillation_set
 
-    def prepare(self, grid) -> None:
-        """The pre-FL stage: with `distill-set = generated` the distillation set,
-        `distill-size` images drawn from G once (seeded)."""
-        super().prepare(grid)
-        self._grid = grid
+    def pre_fl(self, grid, timeout: float) -> None:
+        """Before the library's pre-FL stage: with `distill-set = generated` the distillation
+        set, `distill-size` images drawn from G once (seeded)."""
         if self.generated_set:
             self.u = draw_images(self.source_generator(), self.cfg.distill_size, self.cfg.seed,
                                  self.setup.device)
@@ -121,6 +118,7 @@ class EnsembleApp(FedAvgStrategy, LibraryEnsemble):
                 # equal digests: two runs distilled on the same images (FedGO and FedDF)
                 "sha256": hashlib.sha256(self.u.numpy().tobytes()).hexdigest()}
             log(INFO, "pre-FL: distillation set of %d images drawn from G", len(self.u))
+        super().pre_fl(grid, timeout)
 
     def redrawn_set(self, server_round: int) -> torch.Tensor:
         """`redraw-distill-set`: a new set from G for this round (seeded by the round)."""
@@ -131,8 +129,6 @@ class EnsembleApp(FedAvgStrategy, LibraryEnsemble):
     # stage that drew it; with redraws, so does G (FedGAN's would need the clients again).
     def state_dict(self) -> dict:
         state = super().state_dict()
-        if self.past.states or self.past.pending is not None:  # (the checkpoints' names)
-            state["past_globals"], state["next_past"] = self.past.states, self.past.pending
         if self.generated_set:
             state["distillation_set"] = self.u
         if self.generated_set and self.cfg.redraw_distill_set:
@@ -144,8 +140,6 @@ class EnsembleApp(FedAvgStrategy, LibraryEnsemble):
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
-        self.past.load_state_dict({"states": state.get("past_globals", []),
-                                   "pending": state.get("next_past")})
         if "distillation_set" in state:
             self.u = state["distillation_set"]
         if "distillation_generator" in state:

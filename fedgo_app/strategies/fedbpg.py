@@ -1,32 +1,10 @@
-"""FedBPG (seed 004; only its appendix exists): personalised FL in which every client ends with
-its own model, fused layer by layer from the global model and its local one, while the server
-tunes the averaged global model on pseudo-data of a label-conditional generator G(z, y).
-
-Each round (reconstructed from the appendix; every choice is named, see also fedgo_flwr/bpg.py
-for the server's losses and fedgo_flwr/fusion.py for the fusion):
-
-Client k (`personalised_update`): it holds its local model omega_k from its last round (in
-Flower's context.state; the global model where it has none yet). Adaptive fusion (AF) learns
-one alpha per layer and kind of tensor (weight, bias) on its own data, starting from its last
-round's alphas (1 at first), and fuses theta = alpha omega_k + (1 - alpha) omega-bar; theta is
-trained as FedAvg's clients train and becomes omega_k, the shared model it uploads with its
-label counts |D_k^y|. Without AF it starts from omega-bar, as FedAvg's clients do.
-
-Server (the library's `FedBPG.server_update`): omega-bar = the n_k-weighted average. With
-ensemble distillation (ED) it then trains G(z, y) (Eqs. 1-5: authenticity, diversity,
-effectiveness; y from the clients' label proportions) for `fedbpg-generator-steps` Adam steps, kept across rounds, and tunes omega-bar
-for `fedbpg-tune-steps` steps on Eq. 13 (KL to the exp(-CE) consensus of the shared models,
-plus the empirical loss where the consensus does not beat omega-bar on a pseudo-sample of
-quality xi < zeta), the retained pseudo-data of the last round first (Algorithm 1). Without ED
-the global model is FedAvg's (the appendix's "FedAvg+" of Table 6 is FedBPG without ED).
-
-Personalised accuracy (`personalised_evaluate`, asked by the server after each round on the
-client's personal test split): the client's personal model, the fusion of the new global
-model and omega_k (its alphas learned anew from its last ones, not stored), with deep
-personalisation (DP) its last linear layer then fine-tuned on its own training data for
-`fedbpg-dp-epochs` epochs (a choice: the appendix says only that DP is extra, per-client
-personalisation that leaves the client's participation unchanged). The global accuracy is the
-server's test accuracy of omega-bar, as for every strategy.
+"""FedBPG (seed 004) in the app: the library's FedBPG (fedgo_flwr/strategies/fedbpg.py, whose
+docstring gives the reconstruction from the appendix, every choice named), with the run
+config (fedbpg-*) as its keywords, its clients' steps (`personalised_update`,
+`personalised_evaluate`) given S_k, the node's state and the personal test split
+(`personal-test-fraction`), and G's and the tuning's figures put into the record by an
+observer. The global accuracy is the server's test accuracy of omega-bar, as for every
+strategy.
 """
 
 from __future__ import annotations
@@ -100,23 +78,10 @@ class FedBPGApp(FedAvgStrategy, LibraryFedBPG):
     run config, and an observer puts G's and the tuning's figures into the record."""
     # G is one image space's generator and the consensus one architecture's: not mixed.
     mixes_architectures = False
-    carried = ("generator", "optimizer", "retained")
 
     def __init__(self, setup: ServerSetup, record: RunRecord):
-        keys = setup.cfg.keys("fedbpg")
         super().__init__(setup, record, image_shape=setup.image_shape,
-                         num_classes=setup.num_classes,
-                         ensemble_distillation=keys.ensemble_distillation,
-                         adaptive_fusion=keys.adaptive_fusion,
-                         deep_personalisation=keys.deep_personalisation,
-                         generator_steps=keys.generator_steps, generator_lr=keys.generator_lr,
-                         noise_dim=keys.noise_dim, batch_size=keys.batch_size,
-                         lambda_div=keys.lambda_div, lambda_eff=keys.lambda_eff,
-                         tune_steps=keys.tune_steps, tune_lr=keys.tune_lr, zeta=keys.zeta,
-                         retain_max=keys.retain_max, fusion_steps=keys.fusion_steps,
-                         fusion_lr=keys.fusion_lr, dp_epochs=keys.dp_epochs)
-        if self.generator is None:  # w/o ED: nothing carries
-            self.carried = ()
+                         num_classes=setup.num_classes, **setup.cfg.keywords("fedbpg"))
         self.observers.append(self.record_tuning)
 
     def personal_config(self, server_round: int) -> ConfigRecord:

@@ -1,22 +1,8 @@
-"""FedGen (Zhu et al., 2021): data-free knowledge distillation in FEATURE space.
-
-Each round the server averages the client models as FedAvg does (no distillation into the
-global model), then trains a label-conditioned generator z = G_w(y, eps) so that the clients'
-heads (their last layer, `head` in the model registry) classify its features as y (eq. 4, with
-the per-label weights lambda_k^y = n_k^y / sum_i n_i^y of App. 9 and a diversity term), y being
-drawn from the label prior p^(y) built from the label counts the clients upload with their
-models. From the next round the clients receive G_w and p^(y) with the model and add
-alpha_t * CE(head(G_w(y^, eps)), y^), y^ ~ p^(y), to their loss (eq. 5).
-
-The server is the library's FedGen (fedgo_flwr/strategies/fedgen.py), and so are the
-clients' loss and the label counts; this module gives it the run config and records it. Where the paper is silent this follows its public code: Adam (lr 3e-4, weight decay
-1e-2) on G_w kept across rounds with its learning rate decayed 0.98 a round,
-`fedgen-generator-steps` steps a round; the diversity term
-exp(-mean_ij d(eps_i, eps_j) d(z_i, z_j)) (mean squared and mean absolute differences) with
-weight 1; alpha_t = 10 * 0.98^t. The public code's second
-client term (a KL between the heads' outputs on real and generated features) is left out:
-the paper's objective (5) has only the cross-entropy. The latent layer is the classifier's own
-(512 wide for the CNN), not the paper's 32-wide MLP.
+"""FedGen (Zhu et al., 2021) in the app: the library's FedGen (fedgo_flwr/strategies/fedgen.py:
+the feature generator G_w trained on the clients' heads, its choices where the paper is
+silent), and its clients' loss and label counts, with the run config (fedgen-*) as its
+keywords and G_w's training recorded. The latent layer is the classifier's own (512 wide for
+the CNN), not the paper's 32-wide MLP.
 """
 
 from __future__ import annotations
@@ -55,17 +41,11 @@ class FedGenApp(FedAvgStrategy, LibraryFedGen):
     round's predictors) over the app's FedAvg, with an observer recording G_w's
     training."""
     mixes_architectures = False  # G_w generates features of one architecture's latent space
-    carried = ("generator", "optimizer", "schedule", "prior")
 
     def __init__(self, setup: ServerSetup, record: RunRecord):
-        keys = setup.cfg.keys("fedgen")
         setup.latent_dim("fedgen")  # a model without a latent layer is refused, saying why
         super().__init__(setup, record, num_classes=setup.num_classes,
-                         generator_steps=keys.generator_steps, generator_lr=keys.generator_lr,
-                         generator_batch_size=keys.generator_batch_size,
-                         noise_dim=keys.noise_dim, hidden_dim=keys.hidden_dim,
-                         diversity_weight=keys.diversity_weight, alpha=keys.alpha,
-                         decay=keys.decay)
+                         **setup.cfg.keywords("fedgen"))
         self.observers.append(self.record_generator)
 
     def record_generator(self, report) -> None:

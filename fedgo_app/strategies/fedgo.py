@@ -47,7 +47,6 @@ def fedgo_keywords(cfg) -> dict:
 
 class FedGOApp(EnsembleApp, LibraryFedGO):
     has_discriminators = True
-    carried = ("log_odds",)  # D_k enter once, as odds (and themselves: state_dict)
 
     def __init__(self, setup: ServerSetup, record: RunRecord):
         cfg = setup.cfg
@@ -59,13 +58,12 @@ class FedGOApp(EnsembleApp, LibraryFedGO):
         self.test_odds: dict[int, torch.Tensor] = {}  # partition -> log Phi_k on the test split
 
     # ------------------------------------------------------------------ pre-FL stage
-    def prepare(self, grid) -> None:
+    def pre_fl(self, grid, timeout: float) -> None:
         """The library's pre-FL stage, with G from the run's generator source (and the
         distillation set drawn from it, `distill-set = generated`)."""
-        super().prepare(grid)
         if self.cfg.discriminator_negatives == "generator":
             self.generator = self.source_generator()
-        LibraryFedGO.pre_fl(self, grid, self.cfg.round_timeout)
+        super().pre_fl(grid, timeout)
         left_out = sorted(set(self.clients.partition_ids) - set(self.log_odds))
         if left_out and self.cfg.require_all_clients:
             raise RuntimeError(f"pre-FL: partitions {left_out} sent no usable discriminator "
@@ -73,21 +71,6 @@ class FedGOApp(EnsembleApp, LibraryFedGO):
         if left_out:
             log(WARNING, "pre-FL: partitions %s have no discriminator in the odds: they still "
                 "train, and teach once theirs comes", left_out)
-
-    # D_k go into the checkpoints: a resumed run scores redrawn sets and the test split.
-    def state_dict(self) -> dict:
-        state = super().state_dict()
-        state["discriminators"] = {p: (d.state_dict(), cal)
-                                   for p, (d, cal) in self.discriminators.items()}
-        return state
-
-    def load_state_dict(self, state: dict) -> None:
-        super().load_state_dict(state)
-        c, h, _ = self.setup.image_shape
-        for p, (weights, cal) in state.get("discriminators", {}).items():
-            d = Discriminator(c, h, self.cfg.discriminator_width)
-            d.load_state_dict(weights)
-            self.discriminators[p] = (d.eval(), cal)
 
     # ------------------------------------------------------------------ the library's hooks
     scores = LibraryFedGO.scores

@@ -34,17 +34,11 @@ class FedTGPKeys:
 class FedTGPApp(FedAvgStrategy, LibraryFedTGP):
     """The library's FedTGP; the app sends P with its `train` messages."""
     mixes_architectures = False  # one prototype width
-    carried = ("tgp", "known")
 
     def __init__(self, setup: ServerSetup, record: RunRecord):
-        keys = setup.cfg.keys("fedtgp")
         self.feature_dim = setup.latent_dim("fedtgp")  # refused without features and head
         super().__init__(setup, record, num_classes=setup.num_classes,
-                         prototype_weight=keys.prototype_weight,
-                         margin_threshold=keys.margin_threshold,
-                         server_epochs=keys.server_epochs,
-                         server_batch_size=keys.server_batch_size, server_lr=keys.server_lr,
-                         feature_dim=self.feature_dim)
+                         feature_dim=self.feature_dim, **setup.cfg.keywords("fedtgp"))
 
 
 FEDTGP = StrategySpec("fedtgp", FedTGPApp,

@@ -28,12 +28,9 @@ class FedUVApp(FedAvgStrategy, LibraryFedUV):
     when the train config names them)."""
 
     def __init__(self, setup: ServerSetup, record: RunRecord):
-        keys = setup.cfg.keys("feduv")
         setup.latent_dim("feduv")  # a model without features and head is refused, saying why
-        super().__init__(setup, record, variance_weight=keys.variance_weight,
-                         uniformity_weight=keys.uniformity_weight)
+        super().__init__(setup, record, **setup.cfg.keywords("feduv"))
 
 
 FEDUV = StrategySpec("feduv", FedUVApp, CLIENT, keys=FedUVKeys, clients=lambda cfg: {
-    "client_method": UniformVariance(cfg.keys("feduv").variance_weight,
-                                     cfg.keys("feduv").uniformity_weight)})
+    "client_method": UniformVariance(**cfg.keywords("feduv"))})

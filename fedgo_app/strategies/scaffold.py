@@ -29,9 +29,9 @@ class SCAFFOLDApp(FedAvgStrategy, LibrarySCAFFOLD):
     partition of the federation."""
 
     def __init__(self, setup: ServerSetup, record: RunRecord):
-        super().__init__(setup, record, global_lr=setup.cfg.keys("scaffold").global_lr)
+        super().__init__(setup, record, **setup.cfg.keywords("scaffold"))
 
 
 SCAFFOLD = StrategySpec("scaffold", SCAFFOLDApp, CLIENT, keys=SCAFFOLDKeys,
                         clients=lambda cfg: {"client_method": ControlVariates(
-                            cfg.keys("scaffold").global_lr)})
+                            **cfg.keywords("scaffold"))})

@@ -31,10 +31,11 @@ from torch import nn
 from fedgo_flwr.aggregation import mean_of_replies
 from fedgo_flwr.checks import check_keywords
 from fedgo_flwr.observers import tell, watched
-from fedgo_flwr.replies import arrays_problem, examples_problem, payload_bytes, state_problem
+from fedgo_flwr.replies import payload_bytes, state_problem, train_reply_problem
 from fedgo_flwr.sampling import ClientKeys, sample_clients
 from fedgo_flwr.seeds import round_seed
 from fedgo_flwr.strategies.messages import METHOD_KEY, training_problem
+from fedgo_flwr.strategies.resume import carried_state, in_run_rounds, load_carried
 from fedgo_flwr.strategies.rounds import FAILED, ClientModel, FailedRounds, RoundReport
 from fedgo_flwr.train import resolve_device
 
@@ -92,6 +93,9 @@ class ServerUpdateFedAvg(FedAvg):
     own_client_step = False  # its clients train with a step of its own that takes no
     # `client_method` (FedGen's, FedTGP's; DaFKD's step takes one)
     train_type = "train"  # the train messages' type (a method's own: "train.dafkd", ...)
+    # What the method carries from one round to the next (modules, optimisers and schedulers
+    # by their state_dict, anything else as is): what `state_dict` holds beside the model.
+    carried: tuple[str, ...] = ()
 
     def __init__(self, *, model_fn: Callable[[], nn.Module], seed: int = 0,
                  device: str | torch.device | None = None,
@@ -121,6 +125,9 @@ class ServerUpdateFedAvg(FedAvg):
         self.observers = list(observers)
         self.sampled: dict[int, object] = {}  # node id -> key, this round's A_t
         self.num_rounds = 1  # set by start(): a schedule's T
+        self.rounds_done = 0  # rounds before this `start` (a resumed run's: load_state_dict)
+        self.last_round = 0  # the run's round last aggregated
+        self.grid: Grid | None = None  # `start`'s
 
     @cached_property
     def template(self) -> dict[str, torch.Tensor]:
@@ -134,18 +141,23 @@ class ServerUpdateFedAvg(FedAvg):
               evaluate_config: ConfigRecord | None = None,
               evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
               ) -> Result:
-        """Flower's `Strategy.start`, after the method's pre-FL stage (`pre_fl`)."""
+        """Flower's `Strategy.start`, after the method's pre-FL stage (`pre_fl`); after
+        `load_state_dict`, the run's next `num_rounds` rounds (evaluate_fn given the run's
+        round), without the stage or evaluating again the model it resumes from."""
         if problem := state_problem(initial_arrays, self.template):
             raise ValueError(f"initial_arrays do not fit model_fn's model: {problem}")
         self.check_training(train_config or ConfigRecord())
-        self.num_rounds = num_rounds
+        self.num_rounds = self.rounds_done + num_rounds
+        self.grid = grid  # what the pre-FL stage, the guard and late stages send through
         tell(self.observers, "started", self)  # trackers: the settings, then every round
         try:
-            self.pre_fl(grid, timeout)
+            if not self.rounds_done:  # (a resumed run's stage came before its checkpoint)
+                self.pre_fl(grid, timeout)
             return super().start(grid=grid, initial_arrays=initial_arrays,
                                  num_rounds=num_rounds, timeout=timeout,
                                  train_config=train_config, evaluate_config=evaluate_config,
-                                 evaluate_fn=watched(self.observers, evaluate_fn))
+                                 evaluate_fn=watched(self.observers, in_run_rounds(
+                                     evaluate_fn, self.rounds_done)))
         finally:
             tell(self.observers, "finished")
 
@@ -164,8 +176,10 @@ class ServerUpdateFedAvg(FedAvg):
         """FedAvg's, with A_t drawn by the seed and the round over the clients' keys
         (fedgo_flwr.sampling); each message of type `train_type` (or the clients' method's),
         with the round's client seed "seed" in the config unless the caller's `train_config`
-        has one, and `train_payload`."""
-        self.grid = grid  # what the guard and late stages send through
+        has one, and `train_payload`. (`server_round` is Flower's round of this `start`:
+        the run's is rounds_done + it.)"""
+        server_round += self.rounds_done
+        self.grid = grid
         if self.fraction_train == 0.0:
             return []
         pool, absent = self.candidates(grid)
@@ -215,8 +229,7 @@ class ServerUpdateFedAvg(FedAvg):
         return extra, settings
 
     def notify(self, report) -> None:
-        """Each of the strategy's `observers`, given `report` (a round's, the pre-FL
-        stage's)."""
+        """Each of the `observers`, given `report` (a round's, the pre-FL stage's)."""
         for observe in self.observers:
             observe(report)
 
@@ -252,17 +265,9 @@ class ServerUpdateFedAvg(FedAvg):
         """Why a train reply cannot be used, or None: one MetricRecord with a positive n_k,
         the model fitting `template_of` its client, each of `extras` (`extra_arrays`) there
         and fitting its template; a method adds checks of its own."""
-        content, extras = reply.content, extras or {}
-        if len(content.metric_records) != 1:
-            return f"{len(content.metric_records)} MetricRecords, expected one"
-        (metrics,) = content.metric_records.values()
-        missing = [k for k in (self.arrayrecord_key, *extras) if k not in content.array_records]
-        if missing:
-            return f"no ArrayRecord {missing}"
-        template = self.template_of(self.key_of(self.node_of(reply)))
-        return (examples_problem(metrics, self.weighted_by_key)
-                or state_problem(content.array_records[self.arrayrecord_key], template)
-                or arrays_problem(content.array_records, extras))
+        return train_reply_problem(reply.content, self.arrayrecord_key,
+                                   self.template_of(self.key_of(self.node_of(reply))),
+                                   extras or {}, self.weighted_by_key)
 
     def client_models(self, server_round: int, replies: Iterable[Message]
                       ) -> list[ClientModel]:
@@ -300,7 +305,9 @@ class ServerUpdateFedAvg(FedAvg):
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """theta_s^t = sum_k n_k theta_k^t / sum_k n_k (or `aggregate_fn`), then the server
-        update; the round's metrics: the clients' (averaged by n_k) and the update's."""
+        update; the round's metrics: the clients' (averaged by n_k) and the update's.
+        (`server_round` is Flower's, as in `configure_train`.)"""
+        server_round = self.last_round = server_round + self.rounds_done
         replies = list(replies)
         models = self.client_models(server_round, replies)
         log(INFO, "aggregate_train: %d usable client model(s)", len(models))
@@ -333,8 +340,20 @@ class ServerUpdateFedAvg(FedAvg):
         observers should see besides goes into `report.details` and `report.seconds`."""
         return averaged, {}
 
+    # --- checkpoints (fedgo_flwr.strategies.resume)
+    def state_dict(self) -> dict:
+        """What a run resumed after the last round needs besides the global model: that
+        round, what the method carries (`carried`), the clients' method's state."""
+        return carried_state(self)
+
+    def load_state_dict(self, state: dict) -> None:
+        """Go on from a `state_dict()`: the next `start` (given the global model of that
+        round) runs the rounds after it."""
+        load_carried(self, state)
+
     def load(self, state: dict[str, torch.Tensor]) -> nn.Module:
         """The global model's architecture with these weights."""
         model = self.model_fn()
         model.load_state_dict(state)
         return model
+

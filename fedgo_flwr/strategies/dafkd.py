@@ -155,6 +155,7 @@ class DaFKD(EnsembleDistillation):
 
     client_training = CLIENT_TRAINING
     train_type = TRAIN_DAFKD  # its clients' local step, not Flower's plain "train"
+    carried = (*EnsembleDistillation.carried, "generator", "head")  # the global G and head
 
     def __init__(self, *, model_fn, unlabeled_data=None,
                  image_shape: tuple[int, int, int] | None = None,

@@ -109,6 +109,8 @@ class EnsembleDistillation(ServerUpdateFedAvg):
         `FedAvg` takes.
     """
 
+    carried = ("past",)  # past teachers (a checkpoint's: `state_dict`)
+
     def __init__(self, *, unlabeled_data=None, model_fn: Callable[[], nn.Module],
                  weighting: WeightRule, distill_epochs: int = 10, distill_batch_size: int = 64,
                  distill_lr: float = 1e-3, distill_optimizer: str = "adam",

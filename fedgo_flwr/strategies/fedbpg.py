@@ -150,6 +150,7 @@ class FedBPG(LabelCountFedAvg):
             # On its device before Adam exists, so that Adam's state lives there too.
             self.optimizer = torch.optim.Adam(self.generator.parameters(), lr=generator_lr,
                                               betas=(0.5, 0.999))
+            self.carried = ("generator", "optimizer", "retained")  # (w/o ED: nothing)
         self.retained = (torch.empty(0, c, h, w), torch.empty(0, dtype=torch.long))
         self.generation = dict(steps=generator_steps, batch_size=batch_size,
                                lambda_div=lambda_div, lambda_eff=lambda_eff)

@@ -106,6 +106,7 @@ class FedGen(LabelCountFedAvg):
     """
 
     train_type = TRAIN_FEDGEN
+    carried = ("generator", "optimizer", "schedule", "prior")
 
     def __init__(self, *, model_fn: Callable[[], nn.Module], num_classes: int | None = None,
                  generator_steps: int = 50, generator_lr: float = 3e-4,

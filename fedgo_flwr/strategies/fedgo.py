@@ -25,9 +25,9 @@ from torch import nn
 
 from fedgo_flwr.checks import check_discriminator, check_generator, check_unit_range
 from fedgo_flwr.calibration import PlattCalibration, calibrate_discriminator, hold_out
-from fedgo_flwr.gan import (LIBRARY, NEGATIVES, OWN, SERVER_SAMPLE, log_odds,
-                            received_discriminator, received_negatives, server_sample,
-                            train_discriminator, wgan_generator)
+from fedgo_flwr.gan import (LIBRARY, NEGATIVES, OWN, SERVER_SAMPLE, KeptDiscriminators,
+                            log_odds, received_discriminator, received_negatives,
+                            server_sample, train_discriminator, wgan_generator)
 from fedgo_flwr.inputs import images_of
 from fedgo_flwr.models import Discriminator, Generator
 from fedgo_flwr.defences import OddsScreen
@@ -96,6 +96,9 @@ class FedGO(EnsembleDistillation):
     ("discriminators"), the failed and rejected replies, "missing", "screened", "joined_late".
     """
 
+    # D_k enter once, as odds on U; they are kept to score other distillation sets
+    carried = (*EnsembleDistillation.carried, "log_odds", "discriminators")
+
     def __init__(self, *, unlabeled_data, model_fn, weighting="odds", generator=None,
                  generator_steps: int = 100_000, latent_dim: int = 128,
                  generator_width: int = 64, critic_steps: int = 5, gp_weight: float = 10.0,
@@ -133,7 +136,7 @@ class FedGO(EnsembleDistillation):
             Discriminator, self.u.shape[1], tuple(self.u.shape[2:]), discriminator_width)
         self.discriminator_template = check_discriminator(self.discriminator_fn(), self.u)
         # client key -> log Phi_k on U [V, |U|]; client key -> (D_k, its calibration or None)
-        self.log_odds, self.discriminators = {}, {}
+        self.log_odds, self.discriminators = {}, KeptDiscriminators(self.discriminator_fn)
         self.round_odds: tuple[torch.Tensor | None, dict] = (None, {})
         # client keys that were sent G; message id -> (node, key) of the replies awaited
         self.asked, self.pending = set(), {}
@@ -247,11 +250,10 @@ class FedGO(EnsembleDistillation):
 
     def odds_on_u(self, key, reply: Message) -> torch.Tensor:
         """log Phi_k on every view of U, [V, |U|] (D_k kept for other distillation sets)."""
-        d = self.discriminator_fn()
-        d.load_state_dict(reply.content.array_records["discriminator"].to_torch_state_dict())
         metrics = reply.content.metric_records["metrics"]
         calibration = self.calibration.of(metrics) if self.calibration else None
-        self.discriminators[key] = (d.eval(), calibration)
+        d = self.discriminators.keep(key, reply.content.array_records[
+            "discriminator"].to_torch_state_dict(), calibration)
         return self.odds_on(d, calibration, self.u)
 
     def odds_on(self, d: nn.Module, calibration, x: torch.Tensor) -> torch.Tensor:

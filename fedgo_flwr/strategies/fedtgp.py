@@ -126,6 +126,7 @@ class FedTGP(ServerUpdateFedAvg):
     client_training = CLIENT_TRAINING
     own_client_step = True
     train_type = TRAIN_FEDTGP
+    carried = ("tgp", "known")  # the trainable prototypes, the classes that have one
 
     def __init__(self, *, model_fn, num_classes: int, prototype_weight: float = 0.001,
                  margin_threshold: float = 100.0, server_epochs: int = 1000,
@@ -184,6 +185,12 @@ class FedTGP(ServerUpdateFedAvg):
         if self.tgp is not None and p.shape[1] != self.tgp.embedding.embedding_dim:
             return f"prototypes of width {p.shape[1]}; P has {self.tgp.embedding.embedding_dim}"
         return None
+
+    def load_state_dict(self, state: dict) -> None:
+        """The library's; TGP built first where it comes when the first prototypes do."""
+        if self.tgp is None and state["tgp"] is not None:
+            self.tgp = self.build(state["tgp"]["embedding.weight"].shape[1])
+        super().load_state_dict(state)
 
     def build(self, dim: int) -> TrainablePrototypes:
         """TGP for prototypes of width `dim`, initialised by the seed."""
