@@ -14,10 +14,14 @@ import sys
 
 if sys.argv[1] == "--compare":
     a, b = (json.load(open(p)) for p in sys.argv[2:4])
-    diffs = [(k, ra, rb) for k in a for ra, rb in zip(a[k], b.get(k, [])) if ra != rb]
+    both = [k for k in a if k in b]
+    diffs = [(k, ra, rb) for k in both for ra, rb in zip(a[k], b[k]) if ra != rb]
+    diffs += [(k, len(a[k]), len(b[k])) for k in both if len(a[k]) != len(b[k])]
     for k, ra, rb in diffs:
         print("differs:", k, ra, rb)
-    print(f"{len(a)} configurations, {len(diffs)} rounds differ")
+    alone = sorted(set(a) ^ set(b))
+    print(f"{len(both)} configurations, {len(diffs)} rounds differ"
+          + (f"; in one file only: {', '.join(alone)}" if alone else ""))
     sys.exit(1 if diffs else 0)
 sys.path.insert(0, sys.argv[2] + "/tests")
 import torch

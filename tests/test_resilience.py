@@ -64,6 +64,27 @@ def test_a_run_resumed_after_round_two_ends_with_the_uninterrupted_model(strateg
                                            else v), k
 
 
+def test_a_checkpoint_of_format_1_resumes(tiny_config, tmp_path):
+    """Checkpoints written before the strategy's state was the library's `state_dict` (the
+    round beside it, past teachers as past_globals/next_past) still resume."""
+    cfg = tiny_config.replace(strategy="fedgo", num_server_rounds=3, checkpoint_keep=3,
+                              past_teachers=2)
+    record, model, _ = _run(cfg)
+    path = checkpoint.path_of(cfg.results_path / "tiny", 2)
+    saved = torch.load(path, weights_only=True)
+    old = dict(saved["strategy"])
+    del old["rounds_done"]
+    past = old.pop("past")
+    old["past_globals"], old["next_past"] = past["states"], past["pending"]
+    assert past["states"]  # (a past teacher to carry)
+    torch.save({**saved, "format": 1, "strategy": old}, path)
+    again = cfg.replace(results_dir=str(tmp_path / "elsewhere"), resume_from=str(path))
+    resumed, resumed_model, _ = _run(again)
+    assert resumed["resumed"][0]["after_round"] == 2
+    for name, tensor in model.items():
+        assert torch.allclose(resumed_model[name].double(), tensor.double(), atol=1e-6), name
+
+
 def test_resuming_with_another_config_fails_naming_the_keys(tiny_config):
     cfg = tiny_config.replace(strategy="fedavg", num_server_rounds=1)
     _run(cfg)

@@ -86,6 +86,18 @@ def find(location: str | Path) -> Path:
 def load(location: str | Path) -> tuple[Path, dict]:
     path = find(location)
     state = torch.load(path, map_location="cpu", weights_only=True)
+    if isinstance(state, dict) and state.get("format") == 1:
+        state = from_format_1(state)
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise ValueError(f"{path} is not a fedgo-flwr checkpoint of format {FORMAT}")
     return path, state
+
+
+def from_format_1(state: dict) -> dict:
+    """A checkpoint of format 1 (the app's own strategy state) as format 2: the same content,
+    with the round in the strategy's state and the past teachers under the library's name."""
+    strategy = dict(state["strategy"])
+    strategy["rounds_done"] = state["round"]
+    strategy["past"] = {"states": strategy.pop("past_globals", []),
+                        "pending": strategy.pop("next_past", None)}
+    return {**state, "format": 2, "strategy": strategy}
