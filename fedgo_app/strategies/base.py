@@ -54,6 +54,7 @@ class FedAvgStrategy(ServerUpdateFedAvg):
     mixes_architectures = True
     needs_label_counts = False  # clients send their label counts at discovery (FedGO's
     # class-count rule; the diagnostics' label oracle asks for them too)
+
     def __init__(self, setup: ServerSetup, record: RunRecord, **keywords):
         """`keywords`: more of the library strategy's (an ensemble strategy's)."""
         cfg = setup.cfg
