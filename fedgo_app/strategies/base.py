@@ -68,7 +68,6 @@ class FedAvgStrategy(ServerUpdateFedAvg):
         # `evaluate_round`, by partition. (Said after the constructor, which would warn.)
         self.fraction_evaluate, self.min_evaluate_nodes = 0.0, 0
         self.setup, self.cfg, self.record = setup, cfg, record
-        self.current_round = 0  # the run's round being configured or aggregated (0: pre-FL)
         self.membership = Membership(setup, record)
         self.architectures = Architectures(setup)
         self.evaluation = Evaluation(setup, record, self.architectures, self.membership,
@@ -165,9 +164,8 @@ class FedAvgStrategy(ServerUpdateFedAvg):
 
     def configure_train(self, flower_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
-        """The partitions that answer again rejoin, then the library's round (Flower's round
-        `flower_round` of this `start` is the run's rounds_done + it)."""
-        server_round = self.current_round = flower_round + self.rounds_done
+        """The partitions that answer again rejoin, then the library's round."""
+        server_round = self.run_round(flower_round)
         self.membership.refresh(grid, server_round, self.architectures.names)
         self._sent_state = arrays.to_torch_state_dict()  # theta_g, for colluding liars
         self._sent = {a: ArrayRecord(g) for a, g in
@@ -200,7 +198,7 @@ class FedAvgStrategy(ServerUpdateFedAvg):
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """The library's round, timed and counted; partitions that missed the round are
         absent until they answer again (`record_round`)."""
-        server_round = self.current_round = flower_round + self.rounds_done
+        server_round = self.run_round(flower_round)
         replies = list(replies)
         self.record.time("client_training", time.perf_counter() - self._sent_at, server_round)
         self.count(server_round, "up", replies)

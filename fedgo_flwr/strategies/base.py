@@ -126,6 +126,7 @@ class ServerUpdateFedAvg(FedAvg):
         self.sampled: dict[int, object] = {}  # node id -> key, this round's A_t
         self.num_rounds = 1  # set by start(): a schedule's T
         self.rounds_done = 0  # rounds before this `start` (a resumed run's: load_state_dict)
+        self.current_round = 0  # the run's round being configured or aggregated (0: pre-FL)
         self.last_round = 0  # the run's round last aggregated
         self.grid: Grid | None = None  # `start`'s
 
@@ -161,6 +162,12 @@ class ServerUpdateFedAvg(FedAvg):
         finally:
             tell(self.observers, "finished")
 
+    def run_round(self, flower_round: int) -> int:
+        """The run's round that Flower's round `flower_round` of this `start` is (a resumed
+        run's count on), kept as `current_round`."""
+        self.current_round = self.rounds_done + flower_round
+        return self.current_round
+
     def check_training(self, train_config: ConfigRecord) -> None:
         """Where the method's client step replaces the user's train handler, it trains as the
         user's does only if train_config says how: refuse one that does not."""
@@ -178,7 +185,7 @@ class ServerUpdateFedAvg(FedAvg):
         with the round's client seed "seed" in the config unless the caller's `train_config`
         has one, and `train_payload`. (`server_round` is Flower's round of this `start`:
         the run's is rounds_done + it.)"""
-        server_round += self.rounds_done
+        server_round = self.run_round(server_round)
         self.grid = grid
         if self.fraction_train == 0.0:
             return []
@@ -307,7 +314,7 @@ class ServerUpdateFedAvg(FedAvg):
         """theta_s^t = sum_k n_k theta_k^t / sum_k n_k (or `aggregate_fn`), then the server
         update; the round's metrics: the clients' (averaged by n_k) and the update's.
         (`server_round` is Flower's, as in `configure_train`.)"""
-        server_round = self.last_round = server_round + self.rounds_done
+        server_round = self.last_round = self.run_round(server_round)
         replies = list(replies)
         models = self.client_models(server_round, replies)
         log(INFO, "aggregate_train: %d usable client model(s)", len(models))
