@@ -8,9 +8,48 @@ every difference.
     PYTHONPATH=/tmp/before python fedgo_lab/same_rounds.py before.json /tmp/before
     PYTHONPATH=. python fedgo_lab/same_rounds.py after.json .
     python fedgo_lab/same_rounds.py --compare before.json after.json
+
+`--records A B` compares full-size runs instead: every run folder of A with a record.json in
+B too (bench or rerun records), every per-round value of its record but the seconds, and
+prints per run how many values are equal and the largest gap in server accuracy.
 """
 import json
 import sys
+from pathlib import Path
+
+
+def per_round(value, path=""):
+    """(path, value) of every number, string and list of plain values under a round's
+    record, the seconds left out (they are the machine's, not the run's)."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if "seconds" not in k:
+                yield from per_round(v, f"{path}.{k}")
+    elif isinstance(value, list) and value and isinstance(value[0], (dict, list)):
+        for i, v in enumerate(value):
+            yield from per_round(v, f"{path}[{i}]")
+    else:
+        yield path, value
+
+
+if sys.argv[1] == "--records":
+    a_dir, b_dir = map(Path, sys.argv[2:4])
+    runs = [p.parent.name for p in sorted(a_dir.glob("*/record.json"))
+            if (b_dir / p.parent.name / "record.json").is_file()]
+    for run in runs:
+        a, b = (json.loads((d / run / "record.json").read_text())["rounds"]
+                for d in (a_dir, b_dir))
+        va, vb = ({k: v for r in rounds for k, v in per_round(r, f"[{r['round']}]")}
+                  for rounds in (a, b))
+        shared = va.keys() & vb.keys()
+        differ = sorted({k.split("]", 1)[1] for k in shared if va[k] != vb[k]})
+        gap = max((abs(x["server_test_acc"] - y["server_test_acc"]) for x, y in zip(a, b)), default=0)
+        print(f"{run}: {len(a)} and {len(b)} rounds, {len(shared) - sum(va[k] != vb[k] for k in shared)}"
+              f" of {len(shared)} per-round values equal, {len(va.keys() ^ vb.keys())} in one only; "
+              f"server accuracy {100 * gap:.2f} points apart at most"
+              + (f"; differ: {', '.join(differ[:6])}" if differ else ""))
+    print(f"{len(runs)} runs in both")
+    sys.exit(0)
 
 if sys.argv[1] == "--compare":
     a, b = (json.load(open(p)) for p in sys.argv[2:4])
