@@ -42,9 +42,11 @@ if sys.argv[1] == "--records":
         va, vb = ({k: v for r in rounds for k, v in per_round(r, f"[{r['round']}]")}
                   for rounds in (a, b))
         shared = va.keys() & vb.keys()
-        differ = sorted({k.split("]", 1)[1] for k in shared if va[k] != vb[k]})
+        unequal = {k for k in shared if va[k] != vb[k]  # (NaN in both: no value in both)
+                   and not (va[k] != va[k] and vb[k] != vb[k])}
+        differ = sorted({k.split("]", 1)[1] for k in unequal})
         gap = max((abs(x["server_test_acc"] - y["server_test_acc"]) for x, y in zip(a, b)), default=0)
-        print(f"{run}: {len(a)} and {len(b)} rounds, {len(shared) - sum(va[k] != vb[k] for k in shared)}"
+        print(f"{run}: {len(a)} and {len(b)} rounds, {len(shared) - len(unequal)}"
               f" of {len(shared)} per-round values equal, {len(va.keys() ^ vb.keys())} in one only; "
               f"server accuracy {100 * gap:.2f} points apart at most"
               + (f"; differ: {', '.join(differ[:6])}" if differ else ""))

@@ -163,8 +163,7 @@ class ServerUpdateFedAvg(FedAvg):
             tell(self.observers, "finished")
 
     def run_round(self, flower_round: int) -> int:
-        """The run's round that Flower's round `flower_round` of this `start` is (a resumed
-        run's count on), kept as `current_round`."""
+        """The run's round (`current_round`) of Flower's round of this `start`."""
         self.current_round = self.rounds_done + flower_round
         return self.current_round
 
@@ -183,8 +182,7 @@ class ServerUpdateFedAvg(FedAvg):
         """FedAvg's, with A_t drawn by the seed and the round over the clients' keys
         (fedgo_flwr.sampling); each message of type `train_type` (or the clients' method's),
         with the round's client seed "seed" in the config unless the caller's `train_config`
-        has one, and `train_payload`. (`server_round` is Flower's round of this `start`:
-        the run's is rounds_done + it.)"""
+        has one, and `train_payload` (`server_round`: Flower's, as `run_round` takes it)."""
         server_round = self.run_round(server_round)
         self.grid = grid
         if self.fraction_train == 0.0:
@@ -194,8 +192,7 @@ class ServerUpdateFedAvg(FedAvg):
                                 self.min_train_nodes, absent)
         self.sampled = {pool[k]: k for k in chosen}
         log(INFO, "configure_train: sampled clients %s (of %d)", chosen, len(pool))
-        # the round's client seed where the caller gives none (a copy: Flower passes the
-        # caller's record every round)
+        # the round's client seed where the caller gives none (a copy of the caller's record)
         extra, settings = self.train_payload(server_round, arrays)
         config = ConfigRecord({"seed": round_seed(self.seed, server_round), **config,
                                "server-round": server_round, **settings})
@@ -235,8 +232,7 @@ class ServerUpdateFedAvg(FedAvg):
             settings.update({METHOD_KEY: self.client_method.name, **more})
         return extra, settings
 
-    def notify(self, report) -> None:
-        """Each of the `observers`, given `report` (a round's, the pre-FL stage's)."""
+    def notify(self, report) -> None:  # each observer, given a round's or pre-FL's report
         for observe in self.observers:
             observe(report)
 
@@ -280,16 +276,15 @@ class ServerUpdateFedAvg(FedAvg):
                       ) -> list[ClientModel]:
         """The usable train replies; each other is logged with why it is left out (those
         of error replies start with `FAILED`)."""
-        models, seen = [], set()
-        extras = self.extra_arrays(server_round)
+        models, seen, extras = [], set(), self.extra_arrays(server_round)
         self.left_out: dict[int, str] = {}
         for reply in replies:
             node = self.node_of(reply)
+            key = self.key_of(node)
             why = (FAILED + str(reply.error.reason) if reply.has_error()
                    else "not sampled this round" if node not in self.sampled
                    else "duplicate reply" if node in seen else self.reply_problem(reply, extras))
             if why:
-                key = self.sampled.get(node, node)
                 log(WARNING, "train reply of node %d%s left out: %s", node,
                     f" (client {key})" if key != node else "", why)
                 self.left_out.setdefault(node, why)
@@ -297,7 +292,6 @@ class ServerUpdateFedAvg(FedAvg):
             seen.add(node)
             content = reply.content
             (name, metrics), = content.metric_records.items()
-            key = self.key_of(node)
             n_k = int(metrics[self.weighted_by_key])
             if self.num_examples_fn is not None:
                 n_k = int(self.num_examples_fn(key, n_k))
@@ -312,8 +306,8 @@ class ServerUpdateFedAvg(FedAvg):
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """theta_s^t = sum_k n_k theta_k^t / sum_k n_k (or `aggregate_fn`), then the server
-        update; the round's metrics: the clients' (averaged by n_k) and the update's.
-        (`server_round` is Flower's, as in `configure_train`.)"""
+        update; the round's metrics: the clients' (by n_k) and the update's (`server_round`:
+        Flower's)."""
         server_round = self.last_round = self.run_round(server_round)
         replies = list(replies)
         models = self.client_models(server_round, replies)
