@@ -32,6 +32,10 @@ def per_round(value, path=""):
         yield path, value
 
 
+if len(sys.argv) < 3 or sys.argv[1] in ("-h", "--help") or (
+        sys.argv[1] in ("--records", "--compare") and len(sys.argv) != 4):
+    sys.exit(__doc__)
+
 if sys.argv[1] == "--records":
     a_dir, b_dir = map(Path, sys.argv[2:4])
     runs = [p.parent.name for p in sorted(a_dir.glob("*/record.json"))
